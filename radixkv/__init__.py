@@ -1,0 +1,1 @@
+"""radixkv: a radix-tree prefix cache for LLM KV blocks."""
