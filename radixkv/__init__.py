@@ -1,1 +1,26 @@
-"""radixkv: a radix-tree prefix cache for LLM KV blocks."""
+"""radixkv: a radix-tree prefix cache for LLM KV blocks.
+
+Serving engines embed :class:`PrefixCache` to reuse the KV of shared prompt
+prefixes across requests: a radix tree over page-aligned token prefixes, a
+paged block pool, pluggable eviction (:mod:`radixkv.policies`), and trace
+replay (:mod:`radixkv.replay`, the ``radixkv`` command).
+"""
+
+from .cache import Admission, MatchResult, NodeHandle, PrefixCache
+from .errors import (
+    InvalidBlocksError,
+    InvalidTokensError,
+    LockError,
+    RadixKVError,
+    StaleHandleError,
+    TraceFormatError,
+    UnknownPolicyError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admission", "MatchResult", "NodeHandle", "PrefixCache",
+    "RadixKVError", "InvalidBlocksError", "InvalidTokensError", "LockError",
+    "StaleHandleError", "TraceFormatError", "UnknownPolicyError",
+]

@@ -1,0 +1,531 @@
+"""The engine: :class:`PrefixCache` ties tree, pool and eviction policy together.
+
+Layering: keys -> tree -> pool -> engine. The engine is the one owner of
+every counter (cached, protected, evictable, free) and of the admission loop
+(match -> protect -> evict until enough blocks are free -> insert); policies
+only rank and the tree only stores. :meth:`PrefixCache.check` recounts all of
+it from scratch.
+
+Every public method validates its arguments completely before it changes
+anything, so an error leaves the cache exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import policies as _policies
+from .errors import InvalidBlocksError, LockError, RadixKVError, StaleHandleError
+from .keys import TokensLike, as_tokens, check_positive_int
+from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
+from .tree import Node, RadixTree
+from .victims import VictimQueue
+
+_NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
+
+
+class NodeHandle:
+    """An opaque reference to a matched prefix, valid while its node keeps its extent.
+
+    Splits keep it valid (the node keeps its last page); eviction of any of its
+    pages makes it stale, and using a stale handle raises
+    :class:`~radixkv.errors.StaleHandleError` rather than pointing elsewhere.
+    """
+
+    __slots__ = ("_node", "_gen")
+
+    def __init__(self, node: Node, gen: int) -> None:
+        self._node = node
+        self._gen = gen
+
+    @property
+    def num_pages(self) -> int:
+        """Pages from the root through this handle's node."""
+        return self._node.end
+
+    def __repr__(self) -> str:
+        return f"NodeHandle(pages={self._node.end}, gen={self._gen})"
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """The longest cached prefix of a token sequence.
+
+    Attributes:
+        num_tokens: tokens matched, a multiple of ``page_size``.
+        blocks: block ids of the matched pages, in order (``int32``).
+        node: handle to pass to :meth:`PrefixCache.lock` / :meth:`PrefixCache.unlock`.
+    """
+
+    num_tokens: int
+    blocks: np.ndarray
+    node: NodeHandle
+
+
+class Admission:
+    """A request admitted by :meth:`PrefixCache.admit`; its pages stay protected until :meth:`release`.
+
+    Attributes:
+        hit_tokens: tokens served from the cache (a multiple of ``page_size``).
+        blocks: block ids of every page of the request now cached, matched ones first.
+        new_blocks: the blocks allocated for this request (the tail of ``blocks``); the
+            caller writes their KV.
+        node: handle of the deepest cached page of the request.
+    """
+
+    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released")
+
+    def __init__(self, cache: "PrefixCache", hit_tokens: int, blocks: np.ndarray,
+                 new_blocks: np.ndarray, node: NodeHandle) -> None:
+        self.hit_tokens = hit_tokens
+        self.blocks = blocks
+        self.new_blocks = new_blocks
+        self.node = node
+        self._cache = cache
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Unprotect this request's pages. Idempotent."""
+        if not self._released:
+            self._released = True
+            self._cache._unlock_node(self.node._node)
+
+    def __enter__(self) -> "Admission":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
+
+
+class PrefixCache:
+    """A prefix cache of paged KV blocks, shaped for a serving engine's scheduler.
+
+    >>> cache = PrefixCache(num_blocks=64, page_size=4)
+    >>> a = cache.admit([1, 2, 3, 4, 5, 6, 7, 8, 9])     # 2 full pages cached
+    >>> a.hit_tokens, len(a.new_blocks)
+    (0, 2)
+    >>> a.release()
+    >>> cache.match([1, 2, 3, 4, 5, 6, 7, 8]).num_tokens
+    8
+
+    Only full pages are cached; a trailing partial page is ignored. The cache
+    is single-owner: one thread (the scheduler) calls it.
+
+    Args:
+        num_blocks: blocks in the pool (HBM capacity in pages).
+        page_size: tokens per block.
+        policy: eviction policy name (see :func:`radixkv.policies.available`) or instance.
+        kv_shape: per-token payload shape, e.g. ``(layers, 2, kv_heads, head_dim)``;
+            ``None`` keeps no payload (pure simulation).
+        dtype: payload dtype.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        page_size: int = 16,
+        policy: Union[str, "_policies.EvictionPolicy"] = "lru",
+        kv_shape: Optional[Sequence[int]] = None,
+        dtype: Any = "float16",
+    ) -> None:
+        num_blocks = check_positive_int(num_blocks, "num_blocks")
+        page_size = check_positive_int(page_size, "page_size")
+        if kv_shape is not None:
+            kv_shape = tuple(kv_shape)
+            for dim in kv_shape:
+                check_positive_int(dim, "kv_shape dimension")
+        self._policy = _policies.create(policy)
+        self.page_size = page_size
+        self._pool = BlockPool(num_blocks, page_size, kv_shape, dtype)
+        self._tree = RadixTree(page_size)
+        self._victims = VictimQueue()
+        self._clock = 0
+        self._cached = 0
+        self._protected = 0
+        self.evicted_blocks = 0
+        """Blocks evicted since creation (monotonic)."""
+        self.declined_blocks = 0
+        """New pages the policy declined to cache (admission control; monotonic)."""
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def num_blocks(self) -> int:
+        """Capacity in blocks."""
+        return self._pool.num_blocks
+
+    @property
+    def policy(self) -> "_policies.EvictionPolicy":
+        return self._policy
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks on the free list. O(1)."""
+        return self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks held by the tree (cached pages). O(1)."""
+        return self._cached
+
+    @property
+    def protected_blocks(self) -> int:
+        """Cached blocks that cannot be evicted now (locked, or under an unreleased admission). O(1)."""
+        return self._protected
+
+    @property
+    def evictable_blocks(self) -> int:
+        """Cached blocks that eviction may free now. O(1)."""
+        return self._cached - self._protected
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks allocated to callers and not yet inserted or freed. O(1)."""
+        return self._pool.num_blocks - self._pool.num_free - self._cached
+
+    # ------------------------------------------------------------------ lookups
+    def match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
+        """Longest cached prefix of ``tokens``, in whole pages; marks those pages used.
+
+        A match that ends inside a node splits it so the returned handle covers
+        exactly the matched pages. Cost: O(depth in nodes + matched tokens) at
+        C speed for the comparisons.
+        """
+        data, num_pages = self._pages(tokens)
+        self._clock += 1
+        root = self._tree._roots.get(namespace)
+        if root is None:
+            root = self._tree.root(namespace)
+        node, pos = self._descend(root, data, num_pages)
+        blocks = self._touch_path(node, self._clock)
+        return MatchResult(pos * self.page_size, blocks, NodeHandle(node, node.gen))
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, handle: NodeHandle) -> None:
+        """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth)."""
+        self._lock_node(self._resolve(handle))
+
+    def unlock(self, handle: NodeHandle) -> None:
+        """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` if it holds none. O(depth)."""
+        node = self._resolve(handle)
+        own = node.lock_ref - (sum(c.lock_ref for c in node.children.values()) if node.children else 0)
+        if own <= 0:
+            raise LockError(f"unlock of {handle!r}, which holds no lock")
+        self._unlock_node(node)
+
+    # ------------------------------------------------------------------ blocks
+    def allocate(self, n: int) -> Optional[np.ndarray]:
+        """``n`` free block ids, evicting unprotected pages as needed.
+
+        Returns ``None`` (and changes nothing) when ``n`` blocks cannot be
+        freed because the rest is protected or held. Cost: O(n + evicted
+        leaves * log(evictable leaves)).
+        """
+        n = check_positive_int(n, "n", allow_zero=True)
+        free = self._pool.num_free
+        if n > free + self._cached - self._protected:
+            return None
+        if n > free:
+            self._evict(n - free)
+        return self._pool.take(n)
+
+    def free(self, blocks: Union[Sequence[int], np.ndarray]) -> None:
+        """Return allocated blocks that were never inserted. Raises on a block the caller does not hold."""
+        arr = self._pool.validate_ids(blocks)
+        self._require_state(arr, HELD, "free")
+        self._pool.give_back(arr)
+
+    def evict(self, n: int) -> int:
+        """Free up to ``n`` blocks now by evicting unprotected pages; returns how many were freed."""
+        return self._evict(check_positive_int(n, "n", allow_zero=True))
+
+    def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
+               namespace: Optional[str] = None) -> int:
+        """Cache ``tokens``'s full pages in ``blocks`` (one id per full page); return pages already present.
+
+        ``blocks`` covers all full pages, matched ones included (as SGLang
+        passes them). For a page already cached, a passed block that differs
+        from the cached one goes back to the pool; new pages take ownership of
+        their passed blocks, which must be held by the caller. Pages the policy
+        declines (admission control) give their blocks back too.
+        """
+        data, num_pages = self._pages(tokens)
+        arr = self._pool.validate_ids(blocks)
+        if len(arr) != num_pages:
+            raise InvalidBlocksError(
+                f"blocks must hold one id per full page ({num_pages}), got {len(arr)}")
+        root = self._tree._roots.get(namespace)
+        node, pos, child, common = (
+            self._tree.walk(root, data, num_pages) if root is not None else (None, 0, None, 0))
+        present = pos + common
+        cached = self._tree.path_blocks(node) if node is not None else _NO_BLOCKS
+        if common:
+            cached = np.concatenate([cached, child.blocks[:common]])
+        duplicate = arr[:present][arr[:present] != cached]
+        self._require_state(duplicate, HELD, "insert")
+        new = arr[present:]
+        self._require_state(new, HELD, "insert")
+
+        self._clock += 1
+        now = self._clock
+        if root is None:
+            root = node = self._tree.root(namespace)
+        if child is not None:
+            node = self._split(child, common)
+        self._touch_path(node, now)
+        self._pool.give_back(duplicate)
+        self._add_pages(node, data, present, new.copy(), now)
+        return present
+
+    # ------------------------------------------------------------------ requests
+    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Admission:
+        """Match, protect, allocate and insert a request's full pages in one step.
+
+        The remaining pages get blocks as far as unprotected pages can be
+        evicted; the first ones are cached. The admission keeps every page of
+        the request protected until :meth:`Admission.release`. This is the
+        replay path. Cost: one descent plus the evictions it needs.
+        """
+        data, num_pages = self._pages(tokens)
+        self._clock += 1
+        now = self._clock
+        root = self._tree._roots.get(namespace)
+        if root is None:
+            root = self._tree.root(namespace)
+        node, pos = self._descend(root, data, num_pages)
+        hit_blocks = self._touch_path(node, now)
+        self._lock_node(node)
+        need = num_pages - pos
+        holder = node
+        new = _NO_BLOCKS
+        if need:
+            free = self._pool.num_free
+            fit = min(need, free + self._cached - self._protected)
+            if fit > free:
+                self._evict(fit - free)
+            new = self._pool.take(fit)
+            leaf = self._add_pages(node, data, pos, new, now)
+            if leaf is not None:
+                # Move the admission's lock from node down to the new leaf: the
+                # path above already carries it, only the leaf's pages join.
+                leaf.lock_ref = 1
+                self._protected += leaf.num_pages
+                self._victims.discard(leaf)
+                holder = leaf
+            new = new[: leaf.num_pages if leaf is not None else 0]
+        blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
+        return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen))
+
+    # ------------------------------------------------------------------ payloads
+    def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
+        """Copy of the payload of ``blocks``: shape ``(len(blocks), page_size, *kv_shape)``."""
+        arr = self._payload_blocks(blocks, "read")
+        return self._pool.data[arr]
+
+    def write(self, blocks: Union[Sequence[int], np.ndarray], data: np.ndarray) -> None:
+        """Store ``data`` (shape ``(len(blocks), page_size, *kv_shape)``) as the payload of ``blocks``."""
+        arr = self._payload_blocks(blocks, "write")
+        expected = (len(arr),) + self._pool.data.shape[1:]
+        values = np.asarray(data)
+        if values.shape != expected:
+            raise ValueError(f"data must have shape {expected}, got {values.shape}")
+        self._pool.data[arr] = values
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """O(n) check of every invariant; raises AssertionError naming what broke.
+
+        Tree shape, lock counts, pool free list, block ownership (every cached
+        block owned once, free + held + cached == capacity), the cached and
+        protected counters, and the victim queue (exactly the unlocked leaves,
+        each at its current rank).
+        """
+        self._tree.check()
+        self._pool.check()
+        cached = protected = 0
+        owned = []
+        evictable_leaves = {}
+        for node in self._tree.nodes():
+            cached += node.num_pages
+            owned.append(node.blocks)
+            if node.lock_ref:
+                protected += node.num_pages
+            elif node.children is None:
+                evictable_leaves[id(node)] = node
+        assert cached == self._cached, f"cached counter {self._cached}, recount {cached}"
+        assert protected == self._protected, f"protected counter {self._protected}, recount {protected}"
+        blocks = np.concatenate(owned) if owned else _NO_BLOCKS
+        values, counts = np.unique(blocks, return_counts=True)
+        assert len(values) == len(blocks), f"blocks owned twice: {values[counts > 1][:10].tolist()}"
+        states = self._pool.states(blocks)
+        assert np.all(states == CACHED), f"tree holds blocks not in state cached: {blocks[states != CACHED][:10].tolist()}"
+        assert self._pool.count(CACHED) == cached, (
+            f"{self._pool.count(CACHED)} blocks in state cached, tree holds {cached}")
+        held = self._pool.count(HELD)
+        assert self._pool.num_free + held + cached == self.num_blocks, "free + held + cached != capacity"
+        live = dict((id(node), (key, node)) for key, node in self._victims.entries())
+        assert len(live) == len(self._victims), "victim queue live count drifted"
+        for nid, (key, node) in live.items():
+            assert nid in evictable_leaves, f"victim queue holds {node}, which is not an evictable leaf"
+            assert key == self._rank_key(node), f"{node} queued at {key}, current rank {self._rank_key(node)}"
+        missing = [n for nid, n in evictable_leaves.items() if nid not in live]
+        assert not missing, f"evictable leaves missing from the victim queue: {missing[:5]}"
+
+    def reset(self) -> None:
+        """Drop every cached page (blocks back to the pool). Raises if anything is protected."""
+        if self._protected or any(root.lock_ref for _, root in self._tree.roots()):
+            raise LockError("reset while pages are locked; release them first")
+        for node in list(self._tree.nodes()):
+            self._pool.give_back(node.blocks)
+            self._policy.on_remove(node)
+            node.gen = -1
+            node.heap_id = 0
+        self._tree = RadixTree(self.page_size)
+        self._victims = VictimQueue()
+        self._cached = 0
+
+    # ------------------------------------------------------------------ internals
+    def _pages(self, tokens: TokensLike):
+        arr = as_tokens(tokens)
+        num_pages = len(arr) // self.page_size
+        return arr[: num_pages * self.page_size].tobytes(), num_pages
+
+    def _descend(self, root: Node, data: bytes, num_pages: int):
+        node, pos, child, common = self._tree.walk(root, data, num_pages)
+        if child is not None:
+            node = self._split(child, common)
+            pos += common
+        return node, pos
+
+    def _split(self, child: Node, pages: int) -> Node:
+        upper = self._tree.split(child, pages)
+        self._policy.on_split(upper, child)
+        if child.heap_id:
+            self._rank(child)
+        return upper
+
+    def _touch_path(self, node: Node, now: int) -> np.ndarray:
+        """Record a use of every node from ``node`` up; return their blocks root-first."""
+        on_access = self._policy.on_access
+        parts = []
+        n = node
+        while n.parent is not None:
+            on_access(n, now)
+            parts.append(n.blocks)
+            n = n.parent
+        if node.heap_id:
+            self._rank(node)
+        if not parts:
+            return _NO_BLOCKS
+        if len(parts) == 1:
+            return parts[0].copy()
+        parts.reverse()
+        return np.concatenate(parts)
+
+    def _add_pages(self, node: Node, data: bytes, start: int, blocks: np.ndarray, now: int) -> Optional[Node]:
+        """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (owned by the caller)."""
+        n = len(blocks)
+        if n == 0:
+            return None
+        keep = self._policy.admit(node, n, now)
+        if keep < n:
+            self.declined_blocks += n - keep
+            self._pool.give_back(blocks[keep:])
+            blocks = blocks[:keep]
+            if keep == 0:
+                return None
+        pb = self._tree.page_bytes
+        leaf = self._tree.add_leaf(node, data[start * pb : (start + keep) * pb], blocks)
+        self._pool.set_state(blocks, CACHED)
+        self._cached += keep
+        if node.heap_id:  # no longer a leaf
+            self._victims.discard(node)
+        self._policy.on_insert(leaf, now)
+        self._rank(leaf)
+        return leaf
+
+    def _rank_key(self, node: Node):
+        return (node.retention, self._policy.priority(node), -(node.start + node.num_pages))
+
+    def _rank(self, node: Node) -> None:
+        """(Re-)queue ``node`` if it is an evictable leaf."""
+        if node.children is None and node.lock_ref == 0 and node.parent is not None:
+            self._victims.push(node, (node.retention, self._policy.priority(node), -(node.start + node.num_pages)))
+
+    def _evict(self, n: int) -> int:
+        freed = 0
+        victims, tree, pool, policy = self._victims, self._tree, self._pool, self._policy
+        while freed < n:
+            node = victims.peek()
+            if node is None:
+                break
+            k = min(node.num_pages, n - freed)
+            policy.on_evict(node, victims.peek_key())
+            pool.give_back(tree.truncate(node, k))
+            self._cached -= k
+            freed += k
+            if node.gen >= 0:
+                policy.on_truncate(node)
+                self._rank(node)
+            else:
+                victims.discard(node)
+                policy.on_remove(node)
+                self._rank(node.parent)
+        self.evicted_blocks += freed
+        return freed
+
+    def _lock_node(self, node: Node) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            if node.lock_ref == 1:
+                self._protected += node.num_pages
+                if node.heap_id:
+                    self._victims.discard(node)
+            node = node.parent
+
+    def _unlock_node(self, node: Node) -> None:
+        while node is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= node.num_pages
+                if node.children is None:
+                    self._rank(node)
+            node = node.parent
+
+    def _resolve(self, handle: NodeHandle) -> Node:
+        if not isinstance(handle, NodeHandle):
+            raise TypeError(f"expected a NodeHandle (MatchResult.node), got {handle!r}")
+        node = handle._node
+        if node.gen != handle._gen:
+            raise StaleHandleError(f"{handle!r} is stale: its pages were evicted since it was issued")
+        return node
+
+    def _require_state(self, blocks: np.ndarray, state: int, action: str) -> None:
+        if len(blocks) == 0:
+            return
+        states = self._pool.states(blocks)
+        bad = np.flatnonzero(states != state)
+        if len(bad):
+            block, actual = int(blocks[bad[0]]), int(states[bad[0]])
+            raise InvalidBlocksError(
+                f"{action}: block {block} is {STATE_NAMES[actual]}, expected {STATE_NAMES[state]}"
+                " (allocated by this cache and not yet inserted or freed)")
+
+    def _payload_blocks(self, blocks, action: str) -> np.ndarray:
+        if self._pool.data is None:
+            raise RadixKVError(f"{action}: this cache keeps no payload; create it with kv_shape=...")
+        arr = self._pool.validate_ids(blocks)
+        states = self._pool.states(arr)
+        bad = np.flatnonzero(states == FREE)
+        if len(bad):
+            raise InvalidBlocksError(f"{action}: block {int(arr[bad[0]])} is free")
+        return arr

@@ -1,0 +1,220 @@
+"""The radix tree: page-aligned token prefixes mapped to opaque block ids.
+
+Edges are compressed: a node holds a run of whole pages (their tokens as raw
+bytes, and one block id per page); children are keyed by the bytes of their
+first page. The tree knows nothing of pools, devices, policies or locks'
+meaning: it stores what it is given and keeps the shape valid. Counters and
+ownership live in the engine (:mod:`radixkv.cache`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+
+from .keys import TOKEN_BYTES, TOKEN_DTYPE
+
+_EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
+
+
+class Node:
+    """A run of ``num_pages`` pages hanging below ``parent``.
+
+    ``key`` may be longer than ``num_pages`` pages after a tail eviction; only
+    its first ``num_pages * page_bytes`` bytes count (it is trimmed lazily, so
+    evicting one page from a long leaf is O(1)). ``gen`` changes whenever the
+    node's extent changes, and is ``-1`` once the node left the tree.
+    ``policy_state`` is the one slot an eviction policy may use.
+    """
+
+    __slots__ = (
+        "parent", "children", "key", "blocks", "start", "num_pages",
+        "lock_ref", "gen", "policy_state", "retention", "heap_id", "ext",
+    )
+
+    def __init__(self, parent: Optional["Node"], key: bytes, blocks: np.ndarray, start: int) -> None:
+        self.parent = parent
+        self.children: Optional[Dict[bytes, Node]] = None
+        self.key = key
+        self.blocks = blocks
+        self.start = start
+        self.num_pages = len(blocks)
+        self.lock_ref = 0
+        self.gen = 0
+        self.policy_state: Any = None
+        self.retention = 0
+        self.heap_id = 0
+        self.ext: Any = None  # slot for layers above the tree (tier residency)
+
+    @property
+    def end(self) -> int:
+        """Depth in pages of this node's last page (pages from the root through it)."""
+        return self.start + self.num_pages
+
+    @property
+    def alive(self) -> bool:
+        return self.gen >= 0
+
+    def __repr__(self) -> str:
+        return f"Node(pages {self.start}..{self.end}, lock_ref={self.lock_ref}, gen={self.gen})"
+
+
+class RadixTree:
+    """Compressed trie of pages; one root per namespace so namespaces never share a page."""
+
+    __slots__ = ("page_size", "page_bytes", "_roots")
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.page_bytes = page_size * TOKEN_BYTES
+        self._roots: Dict[Optional[str], Node] = {}
+
+    def root(self, namespace: Optional[str] = None) -> Node:
+        """The root of ``namespace``'s subtree, created on first use."""
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = Node(None, b"", _EMPTY_BLOCKS, 0)
+        return root
+
+    def roots(self) -> Iterator[Tuple[Optional[str], Node]]:
+        return iter(list(self._roots.items()))
+
+    def walk(self, root: Node, data: bytes, num_pages: int) -> Tuple[Node, int, Optional[Node], int]:
+        """Follow ``data`` (``num_pages`` whole pages) down from ``root`` without changing anything.
+
+        Returns ``(node, pages, child, common)``: ``node`` is the deepest node
+        matched whole, ``pages`` the pages matched through it, and ``child``
+        the next node when it matched only its first ``common`` pages (else
+        ``None`` and 0). Cost: one dict lookup per node plus a C-speed bytes
+        comparison per edge; a partial edge costs one numpy comparison.
+        """
+        pb = self.page_bytes
+        node, pos = root, 0
+        while pos < num_pages:
+            children = node.children
+            if children is None:
+                break
+            off = pos * pb
+            child = children.get(data[off : off + pb])
+            if child is None:
+                break
+            n = child.num_pages
+            klen = n * pb
+            key = child.key
+            if len(key) != klen:
+                key = child.key = key[:klen]
+            if data[off : off + klen] == key:
+                node, pos = child, pos + n
+                continue
+            return node, pos, child, self._common_pages(key, data, off, min(n, num_pages - pos))
+        return node, pos, None, 0
+
+    def _common_pages(self, key: bytes, data: bytes, off: int, limit: int) -> int:
+        """Leading whole pages on which ``key`` and ``data[off:]`` agree (at most ``limit``)."""
+        count = limit * self.page_size
+        a = np.frombuffer(key, dtype=TOKEN_DTYPE, count=count)
+        b = np.frombuffer(data, dtype=TOKEN_DTYPE, count=count, offset=off)
+        diff = np.flatnonzero(a != b)
+        return (int(diff[0]) if len(diff) else count) // self.page_size
+
+    def split(self, child: Node, pages: int) -> Node:
+        """Cut ``child`` after its first ``pages`` pages; return the new upper node.
+
+        ``child`` keeps its end (so handles to it still mean the same pages) and
+        its subtree; the new node takes its place under the parent and copies
+        its lock count, retention and policy state. O(pages of child).
+        """
+        pb = self.page_bytes
+        parent = child.parent
+        cut = pages * pb
+        upper = Node(parent, child.key[:cut], child.blocks[:pages].copy(), child.start)
+        upper.lock_ref = child.lock_ref
+        upper.retention = child.retention
+        upper.policy_state = child.policy_state
+        upper.children = {child.key[cut : cut + pb]: child}
+        parent.children[child.key[:pb]] = upper
+        child.parent = upper
+        child.key = child.key[cut : child.num_pages * pb]
+        child.blocks = child.blocks[pages:].copy()
+        child.start += pages
+        child.num_pages -= pages
+        return upper
+
+    def add_leaf(self, parent: Node, key: bytes, blocks: np.ndarray) -> Node:
+        """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``."""
+        leaf = Node(parent, key, blocks, parent.end)
+        if parent.children is None:
+            parent.children = {}
+        parent.children[key[: self.page_bytes]] = leaf
+        return leaf
+
+    def truncate(self, node: Node, pages: int) -> np.ndarray:
+        """Drop the last ``pages`` pages of leaf ``node``; return their blocks.
+
+        The node leaves the tree when it has no page left. O(1) Python work.
+        """
+        keep = node.num_pages - pages
+        removed = node.blocks[keep:]
+        node.gen += 1
+        if keep == 0:
+            parent = node.parent
+            del parent.children[node.key[: self.page_bytes]]
+            if not parent.children:
+                parent.children = None
+            node.gen = -1
+            node.num_pages = 0
+            node.blocks = _EMPTY_BLOCKS
+        else:
+            node.blocks = node.blocks[:keep]
+            node.num_pages = keep
+        return removed
+
+    def path_blocks(self, node: Node) -> np.ndarray:
+        """Block ids of every page from the root through ``node``, in order. O(depth)."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.blocks)
+            node = node.parent
+        if not parts:
+            return _EMPTY_BLOCKS
+        parts.reverse()
+        return np.concatenate(parts)
+
+    def nodes(self) -> Iterator[Node]:
+        """Every non-root node, parents before children."""
+        for _, root in self.roots():
+            stack = list(root.children.values()) if root.children else []
+            while stack:
+                node = stack.pop()
+                yield node
+                if node.children:
+                    stack.extend(node.children.values())
+
+    def check(self) -> None:
+        """O(n) structural check; raises AssertionError naming what broke."""
+        pb = self.page_bytes
+        for ns, root in self.roots():
+            assert root.parent is None and root.num_pages == 0, f"root of {ns!r} is malformed"
+            stack = [root]
+            while stack:
+                node = stack.pop()
+                if node.children is None:
+                    continue
+                assert node.children, f"{node} has an empty children dict (must be None)"
+                child_locks = 0
+                for first, child in node.children.items():
+                    assert child.parent is node, f"{child} does not point back to its parent {node}"
+                    assert child.alive, f"dead {child} still linked under {node}"
+                    assert child.num_pages >= 1, f"{child} has no pages"
+                    assert len(child.blocks) == child.num_pages, f"{child} has {len(child.blocks)} blocks"
+                    assert len(child.key) >= child.num_pages * pb, f"{child} key shorter than its pages"
+                    assert child.key[:pb] == first, f"{child} is filed under the wrong first page"
+                    assert child.start == node.end, f"{child} starts at {child.start}, parent ends at {node.end}"
+                    assert child.lock_ref >= 0, f"{child} has negative lock_ref"
+                    child_locks += child.lock_ref
+                    stack.append(child)
+                if node.parent is not None:
+                    assert node.lock_ref >= child_locks, (
+                        f"{node} lock_ref {node.lock_ref} below its children's {child_locks}"
+                    )
