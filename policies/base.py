@@ -7,21 +7,60 @@ the deepest page first). The engine owns the victim queue, counters, locks and
 memory; a policy only keeps its own state, in itself or in the node's one
 opaque slot ``node.policy_state``.
 
+The engine's victim key is ``(node.retention, policy.priority(node), -depth)``:
+retention classes (``PrefixCache.admit(..., priority=p)``) come first, so any
+policy evicts a lower class before a higher one.
+
 Priorities must not change without a hook call on that node: the engine
-re-ranks a leaf only after ``on_insert``/``on_access``/``on_truncate``.
+re-ranks a leaf only after ``on_insert``/``on_access``/``on_truncate`` (and
+after a spared :meth:`EvictionPolicy.on_victim`). The queue invalidates
+lazily, so a rank may only be *raised* outside those calls, never lowered.
+
+**Why one more hook, ``on_victim``.** A static priority cannot express two
+things some policies need: a *second chance* (SIEVE, S3-FIFO and CLOCK look
+at the candidate and keep it if it was used since they last looked), and
+*per-page* ranks inside a node (Belady's next use differs from page to page,
+so a leaf may only lose the tail pages that share its tail page's rank). So
+the engine, when a leaf surfaces as the next victim, asks
+``on_victim(node)`` how many tail pages may go at this rank: ``0`` spares
+the leaf (the policy has raised its rank; the engine re-queues it and looks
+again), ``k >= 1`` evicts up to ``k`` pages, then the leaf is re-ranked.
+Policies that do not override it (``on_victim is None``) pay nothing and
+lose whole leaf tails at once. Victim selection stays O(log n) amortized: a
+spare is one heap push, and each spare must be paid for by an earlier access
+(a policy must return ``>= 1`` after finitely many spares of the same leaf).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from radixkv.tree import Node
 
+if TYPE_CHECKING:  # pragma: no cover
+    from radixkv.cache import PrefixCache
+
 
 class EvictionPolicy:
-    """Base class: subclasses set ``name`` and override ``priority`` and the hooks they need."""
+    """Base class: subclasses set ``name`` and override ``priority`` and the hooks they need.
+
+    Class attributes:
+        name: registry name.
+        aliases: other names :func:`radixkv.policies.create` accepts.
+        offline: True for policies that must see the future request sequence
+            (:meth:`prepare`) before a replay; replay calls it for them.
+    """
 
     name: ClassVar[str] = ""
+    aliases: ClassVar[tuple] = ()
+    offline: ClassVar[bool] = False
+
+    #: Optional victim-loop hook (see the module docstring); ``None`` means
+    #: "evict the whole tail run at once" and costs nothing.
+    on_victim: Optional[Callable[[Node], int]] = None
+
+    def attach(self, cache: "PrefixCache") -> None:
+        """Called once by :class:`PrefixCache` with the cache this policy serves (page size, cost model)."""
 
     def on_insert(self, node: Node, now: int) -> None:
         """``node`` was created holding pages first cached at logical time ``now``."""
@@ -38,13 +77,17 @@ class EvictionPolicy:
         """``node`` lost tail pages to eviction and stays in the tree."""
 
     def on_evict(self, node: Node, priority: Any) -> None:
-        """Pages of ``node`` are about to be evicted at ``priority`` (aging policies use it)."""
+        """Tail pages of ``node`` are about to be evicted at ``priority`` (aging policies use it)."""
 
     def on_remove(self, node: Node) -> None:
         """``node`` left the tree."""
 
     def admit(self, node_parent: Node, num_pages: int, now: int) -> int:
-        """How many of ``num_pages`` new pages below ``node_parent`` to cache (all, by default)."""
+        """How many of ``num_pages`` new pages below ``node_parent`` to cache (all, by default).
+
+        Called before the engine evicts anything for them, so declined pages
+        cost no eviction. Must return the length of a prefix of the new pages.
+        """
         return num_pages
 
     def priority(self, node: Node) -> Any:

@@ -12,6 +12,8 @@ anything, so an error leaves the cache exactly as it was.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
 
@@ -25,6 +27,19 @@ from .tree import Node, RadixTree
 from .victims import VictimQueue
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
+
+
+def _check_retention(priority: object, expires_at: object) -> None:
+    """Validate ``admit``'s retention arguments (TypeError/ValueError naming the value)."""
+    if priority.__class__ is not int:
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if priority < 0:
+        raise ValueError(f"priority must be >= 0 (higher is evicted later), got {priority!r}")
+    if expires_at is not None:
+        if expires_at.__class__ is not int:
+            raise TypeError(f"expires_at must be an int clock value or None, got {expires_at!r}")
+        if expires_at < 0:
+            raise ValueError(f"expires_at must be >= 0, got {expires_at!r}")
 
 
 class NodeHandle:
@@ -156,6 +171,11 @@ class PrefixCache:
         """Blocks evicted since creation (monotonic)."""
         self.declined_blocks = 0
         """New pages the policy declined to cache (admission control; monotonic)."""
+        self._pins: dict = {}  # pinned node -> pin count; each pin holds one lock on the path
+        self._expiry: dict = {}  # node -> clock value after which its retention falls to 0
+        self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
+        self._expiry_seq = itertools.count()
+        self._policy.attach(self)
 
     # ------------------------------------------------------------------ counters
     @property
@@ -166,6 +186,11 @@ class PrefixCache:
     @property
     def policy(self) -> "_policies.EvictionPolicy":
         return self._policy
+
+    @property
+    def clock(self) -> int:
+        """Logical time: +1 per match/insert/admit call (``admit``'s ``expires_at`` is in these units)."""
+        return self._clock
 
     @property
     def num_free_blocks(self) -> int:
@@ -218,9 +243,59 @@ class PrefixCache:
         """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` if it holds none. O(depth)."""
         node = self._resolve(handle)
         own = node.lock_ref - (sum(c.lock_ref for c in node.children.values()) if node.children else 0)
+        if self._pins:
+            own -= self._pins.get(node, 0)  # a pin's lock is released by unpin only
         if own <= 0:
             raise LockError(f"unlock of {handle!r}, which holds no lock")
         self._unlock_node(node)
+
+    def pin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+        """Keep the longest cached page prefix of ``tokens`` resident until :meth:`unpin`.
+
+        A pin is a lock that needs no handle and outlives requests; pins nest.
+        Returns the tokens pinned (0, and nothing recorded, when no page of
+        ``tokens`` is cached). Not a use: the clock and the policy's state do
+        not change. O(depth).
+
+        >>> cache = PrefixCache(num_blocks=4, page_size=2)
+        >>> cache.admit([7, 7, 8, 8]).release()
+        >>> cache.pin([7, 7, 8, 8, 9])
+        4
+        >>> cache.evict(4), cache.unpin([7, 7, 8, 8, 9]), cache.evict(4)
+        (0, 4, 2)
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._tree._roots.get(namespace)
+        if root is None:
+            return 0
+        node, pos = self._descend(root, data, num_pages)
+        if pos == 0:
+            return 0
+        self._lock_node(node)
+        self._pins[node] = self._pins.get(node, 0) + 1
+        return pos * self.page_size
+
+    def unpin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+        """Release one pin, the deepest on ``tokens``'s cached path; return the tokens it covered.
+
+        Raises :class:`LockError` (cache unchanged) when no pin covers a
+        prefix of ``tokens``. O(depth).
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._tree._roots.get(namespace)
+        node = None
+        if root is not None and self._pins:
+            node = self._tree.walk(root, data, num_pages)[0]
+            while node.parent is not None and node not in self._pins:
+                node = node.parent
+        if node is None or node.parent is None:
+            raise LockError(f"unpin: no pin covers a prefix of tokens ({num_pages} full pages, "
+                            f"namespace={namespace!r}); pin() it first")
+        count = self._pins.pop(node) - 1
+        if count:
+            self._pins[node] = count
+        self._unlock_node(node)
+        return node.end * self.page_size
 
     # ------------------------------------------------------------------ blocks
     def allocate(self, n: int) -> Optional[np.ndarray]:
@@ -283,19 +358,31 @@ class PrefixCache:
             node = self._split(child, common)
         self._touch_path(node, now)
         self._pool.give_back(duplicate)
-        self._add_pages(node, data, present, new.copy(), now)
+        keep = self._admit_pages(node, len(new), now)
+        self._pool.give_back(new[keep:])
+        self._add_pages(node, data, present, new[:keep].copy(), now)
         return present
 
     # ------------------------------------------------------------------ requests
-    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Admission:
+    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, priority: int = 0,
+              expires_at: Optional[int] = None) -> Admission:
         """Match, protect, allocate and insert a request's full pages in one step.
 
         The remaining pages get blocks as far as unprotected pages can be
         evicted; the first ones are cached. The admission keeps every page of
         the request protected until :meth:`Admission.release`. This is the
         replay path. Cost: one descent plus the evictions it needs.
+
+        ``priority`` is a retention class (``>= 0``; higher is evicted later,
+        by every policy): the request's cached pages are raised to it, and a
+        page keeps the highest class any admission gave it until that class's
+        ``expires_at`` (a :attr:`clock` value; ``None`` = never) has passed,
+        then falls back to class 0. Expiry is applied lazily, before the next
+        eviction. O(depth) extra when ``priority > 0``.
         """
         data, num_pages = self._pages(tokens)
+        if priority.__class__ is not int or priority or expires_at is not None:
+            _check_retention(priority, expires_at)
         self._clock += 1
         now = self._clock
         root = self._tree._roots.get(namespace)
@@ -308,8 +395,10 @@ class PrefixCache:
         holder = node
         new = _NO_BLOCKS
         if need:
+            # Ask the policy first, so pages it declines cost no eviction.
+            keep = self._admit_pages(node, need, now)
             free = self._pool.num_free
-            fit = min(need, free + self._cached - self._protected)
+            fit = min(keep, free + self._cached - self._protected)
             if fit > free:
                 self._evict(fit - free)
             new = self._pool.take(fit)
@@ -321,7 +410,8 @@ class PrefixCache:
                 self._protected += leaf.num_pages
                 self._victims.discard(leaf)
                 holder = leaf
-            new = new[: leaf.num_pages if leaf is not None else 0]
+        if priority:
+            self._retain(holder, priority, expires_at)
         blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
         return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen))
 
@@ -379,6 +469,11 @@ class PrefixCache:
             assert key == self._rank_key(node), f"{node} queued at {key}, current rank {self._rank_key(node)}"
         missing = [n for nid, n in evictable_leaves.items() if nid not in live]
         assert not missing, f"evictable leaves missing from the victim queue: {missing[:5]}"
+        for node, count in self._pins.items():
+            assert node.alive and count > 0, f"pinned node {node} is gone or holds {count} pins"
+            assert node.lock_ref >= count, f"pinned node {node} has lock_ref {node.lock_ref} < {count} pins"
+        for node in self._expiry:
+            assert node.alive and node.retention > 0, f"{node} has an expiry but retention {node.retention}"
 
     def reset(self) -> None:
         """Drop every cached page (blocks back to the pool). Raises if anything is protected."""
@@ -392,6 +487,8 @@ class PrefixCache:
         self._tree = RadixTree(self.page_size)
         self._victims = VictimQueue()
         self._cached = 0
+        self._expiry.clear()
+        self._expiry_heap.clear()
 
     # ------------------------------------------------------------------ internals
     def _pages(self, tokens: TokensLike):
@@ -409,6 +506,9 @@ class PrefixCache:
     def _split(self, child: Node, pages: int) -> Node:
         upper = self._tree.split(child, pages)
         self._policy.on_split(upper, child)
+        if self._expiry and child in self._expiry:  # expiry propagates to the new upper part
+            at = self._expiry[upper] = self._expiry[child]
+            heapq.heappush(self._expiry_heap, (at, next(self._expiry_seq), upper))
         if child.heap_id:
             self._rank(child)
         return upper
@@ -436,22 +536,54 @@ class PrefixCache:
         n = len(blocks)
         if n == 0:
             return None
-        keep = self._policy.admit(node, n, now)
-        if keep < n:
-            self.declined_blocks += n - keep
-            self._pool.give_back(blocks[keep:])
-            blocks = blocks[:keep]
-            if keep == 0:
-                return None
         pb = self._tree.page_bytes
-        leaf = self._tree.add_leaf(node, data[start * pb : (start + keep) * pb], blocks)
+        leaf = self._tree.add_leaf(node, data[start * pb : (start + n) * pb], blocks)
         self._pool.set_state(blocks, CACHED)
-        self._cached += keep
+        self._cached += n
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
         self._policy.on_insert(leaf, now)
         self._rank(leaf)
         return leaf
+
+    def _admit_pages(self, node: Node, n: int, now: int) -> int:
+        """How many of ``n`` new pages below ``node`` the policy caches; counts the declined ones."""
+        if n == 0:
+            return 0
+        keep = min(self._policy.admit(node, n, now), n)
+        if keep < n:
+            self.declined_blocks += n - keep
+        return keep
+
+    def _retain(self, node: Node, priority: int, expires_at: Optional[int]) -> None:
+        """Raise every node from ``node`` up to retention class ``priority`` (see :meth:`admit`).
+
+        The nodes are locked by the admission, so none is queued now; they are
+        ranked with their new class when it is released.
+        """
+        expiry, heap = self._expiry, self._expiry_heap
+        while node.parent is not None:
+            current = node.retention
+            if priority > current or (priority == current and node in expiry):
+                old = expiry.get(node) if priority == current else None
+                node.retention = priority
+                if expires_at is None:
+                    expiry.pop(node, None)
+                elif old is None or expires_at > old:
+                    expiry[node] = expires_at
+                    heapq.heappush(heap, (expires_at, next(self._expiry_seq), node))
+            node = node.parent
+
+    def _expire(self) -> None:
+        """Drop retention classes whose expiry has passed (lazily, before evicting). O(log n) each."""
+        heap, expiry, now = self._expiry_heap, self._expiry, self._clock
+        while heap and heap[0][0] < now:
+            at, _, node = heapq.heappop(heap)
+            if expiry.get(node) == at:
+                del expiry[node]
+                node.retention = 0
+                if node.heap_id:
+                    self._rank(node)
 
     def _rank_key(self, node: Node):
         return (node.retention, self._policy.priority(node), -(node.start + node.num_pages))
@@ -462,14 +594,24 @@ class PrefixCache:
             self._victims.push(node, (node.retention, self._policy.priority(node), -(node.start + node.num_pages)))
 
     def _evict(self, n: int) -> int:
+        if self._expiry_heap:
+            self._expire()
         freed = 0
         victims, tree, pool, policy = self._victims, self._tree, self._pool, self._policy
+        on_victim = policy.on_victim
         while freed < n:
             node = victims.peek()
             if node is None:
                 break
-            k = min(node.num_pages, n - freed)
-            policy.on_evict(node, victims.peek_key())
+            k = node.num_pages
+            if on_victim is not None:
+                run = on_victim(node)
+                if run <= 0:  # spared: the policy raised its rank, look again
+                    self._rank(node)
+                    continue
+                k = min(k, run)
+            k = min(k, n - freed)
+            policy.on_evict(node, victims.peek_key()[1])
             pool.give_back(tree.truncate(node, k))
             self._cached -= k
             freed += k
@@ -479,6 +621,8 @@ class PrefixCache:
             else:
                 victims.discard(node)
                 policy.on_remove(node)
+                if self._expiry:
+                    self._expiry.pop(node, None)
                 self._rank(node.parent)
         self.evicted_blocks += freed
         return freed
