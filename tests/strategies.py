@@ -16,8 +16,12 @@ small_tokens = st.lists(st.integers(0, 2), min_size=0, max_size=14)
 PageKey = Tuple[Optional[str], Tuple[int, ...]]
 
 
-def cached_pages(cache: PrefixCache) -> Dict[PageKey, int]:
-    """Every cached page as ``(namespace, token prefix through that page) -> block``, read from the tree."""
+def cached_pages(cache: PrefixCache, with_locks: bool = False) -> Dict[PageKey, int]:
+    """Every cached page as ``(namespace, token prefix through that page) -> block``, read from the tree.
+
+    With ``with_locks`` the value is ``(block, lock_ref of its node)``: independent of how
+    the pages happen to be split into nodes.
+    """
     out: Dict[PageKey, int] = {}
     pb = cache._tree.page_bytes
     for namespace, root in cache._tree.roots():
@@ -29,7 +33,7 @@ def cached_pages(cache: PrefixCache) -> Dict[PageKey, int]:
                 p = prefix
                 for i in range(child.num_pages):
                     p = p + tuple(tokens[i * cache.page_size : (i + 1) * cache.page_size])
-                    out[(namespace, p)] = int(child.blocks[i])
+                    out[(namespace, p)] = (int(child.blocks[i]), child.lock_ref) if with_locks else int(child.blocks[i])
                 stack.append((child, p))
     return out
 
@@ -49,9 +53,8 @@ def longest_cached(pages: Dict[PageKey, int], tokens, page_size: int, namespace=
 def snapshot(cache: PrefixCache):
     """Everything observable about a cache, to assert that a failed call changed nothing."""
     return (
-        cached_pages(cache), cache.num_free_blocks, cache.num_cached_blocks, cache.protected_blocks,
-        cache.evictable_blocks, cache.num_held_blocks, cache.evicted_blocks,
-        sorted((n.start, n.end, n.lock_ref, n.gen) for n in cache._tree.nodes()),
+        cached_pages(cache, with_locks=True), cache.num_free_blocks, cache.num_cached_blocks,
+        cache.protected_blocks, cache.evictable_blocks, cache.num_held_blocks, cache.evicted_blocks,
     )
 
 
