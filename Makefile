@@ -1,0 +1,29 @@
+# The two entry points of the README. Both create .venv on first use, so a fresh machine
+# needs nothing but Python 3.10+.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,plot,redis]'
+	touch $(STAMP)
+
+## make demo: replay a generated multi-workload trace with embedded defaults and print a hit-rate table
+demo: $(STAMP)
+	$(BIN)/radixkv demo
+
+## make test: the whole test suite
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+## make bench: micro-benchmarks (pytest-benchmark)
+bench: $(STAMP)
+	$(BIN)/python -m pytest bench -q --benchmark-only
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .benchmarks *.egg-info
