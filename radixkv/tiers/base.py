@@ -1,0 +1,179 @@
+"""What every lower tier provides: slots, payload storage, a victim order.
+
+A tier stores pages below HBM. It hands out *slots* (int64 ids, one per
+page), stores and returns page payloads by slot, and ranks the spill-tree
+nodes it holds with its own eviction policy (any registered one) in its own
+victim queue. It never decides where pages go next: the
+:class:`~radixkv.tiers.stack.TierStack` reserves slots, evicts (demoting to
+the next tier or dropping) and records transfers. Payload integrity is the
+stack's job too: it computes a checksum when a page leaves HBM and verifies
+it whenever the page comes back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import policies as _policies
+from ..errors import RadixKVError
+from ..tree import Node
+from ..victims import VictimQueue
+
+SLOT_DTYPE = np.dtype(np.int64)
+NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
+
+
+class TierConfigError(RadixKVError, ValueError):
+    """A tier or write policy is configured with a bad value (negative capacity, unknown name)."""
+
+
+class RemoteHostError(RadixKVError, ConnectionError):
+    """A remote host could not be reached (raised at start-up; during a replay it becomes a miss)."""
+
+
+_QUEUE_IDS = itertools.count(1)
+
+
+class TierQueue(VictimQueue):
+    """A victim queue whose entry ids never collide with another queue's.
+
+    A node moves between tiers' queues keeping one ``heap_id`` slot; disjoint
+    id ranges make a stale entry left in the old queue unable to match it.
+    """
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next_id = next(_QUEUE_IDS) << 40
+
+
+class Copy:
+    """The residency of one spill-tree node: its pages live in ``tier`` at ``slots``.
+
+    Attributes:
+        tier: the tier holding every page of the node (residency is uniform per node).
+        slots: one slot id per page.
+        sums: CRC-32 of each page's payload bytes, or ``None`` when the cache keeps no payload.
+        stamp: the tier-clock value the node entered its tier with (kept when it cascades).
+    """
+
+    __slots__ = ("tier", "slots", "sums", "stamp")
+
+    def __init__(self, tier: "Tier", slots: np.ndarray, sums: Optional[np.ndarray], stamp: int) -> None:
+        self.tier = tier
+        self.slots = slots
+        self.sums = sums
+        self.stamp = stamp
+
+    def split(self, pages: int) -> Tuple["Copy", "Copy"]:
+        """The copies of the first ``pages`` pages and of the rest."""
+        sums = self.sums
+        return (Copy(self.tier, self.slots[:pages].copy(), None if sums is None else sums[:pages].copy(), self.stamp),
+                Copy(self.tier, self.slots[pages:].copy(), None if sums is None else sums[pages:].copy(), self.stamp))
+
+
+class InFlight:
+    """Marker residency of a node whose pages are being placed (keeps it out of garbage collection)."""
+
+    __slots__ = ()
+
+
+IN_FLIGHT = InFlight()
+
+
+def checksums(pages: np.ndarray) -> np.ndarray:
+    """CRC-32 of each page's bytes (``pages`` has one page per row). O(bytes), C speed per page."""
+    flat = np.ascontiguousarray(pages).reshape(len(pages), -1).view(np.uint8)
+    return np.fromiter((zlib.crc32(row) for row in flat), dtype=np.uint32, count=len(pages))
+
+
+def check_capacity(value: object, name: str) -> int:
+    """``value`` as a positive int, or :class:`TierConfigError` / ``TypeError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value <= 0:
+        raise TierConfigError(f"{name} must be > 0, got {value!r}")
+    return int(value)
+
+
+class Tier:
+    """Base class of a lower tier: subclasses manage slots and payload bytes.
+
+    Args:
+        name: tier name; it must name a path in the cost model (``"host"``, ``"remote"``, ...).
+        policy: eviction policy name or instance ranking this tier's nodes.
+    """
+
+    kind = "tier"
+
+    def __init__(self, name: str, policy: Union[str, "_policies.EvictionPolicy"] = "lru") -> None:
+        if not isinstance(name, str) or not name or name == "hbm":
+            raise TierConfigError(f"tier name must be a non-empty string other than 'hbm', got {name!r}")
+        self.name = name
+        self.policy = _policies.create(policy)
+        self.victims: VictimQueue = TierQueue()
+        self.used = 0
+        """Slots holding a page. O(1)."""
+        self.page_shape: Optional[Tuple[int, ...]] = None
+        self.dtype: Optional[np.dtype] = None
+
+    # -- set by the stack when the tier joins a cache
+    def attach(self, page_size: int, kv_shape: Optional[Sequence[int]], dtype: Any) -> None:
+        """Learn the page payload shape (``None`` for no payload). Called once by the cache."""
+        self.page_shape = None if kv_shape is None else (page_size, *tuple(kv_shape))
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def capacity(self) -> int:
+        """Slots this tier can hold now."""
+        raise NotImplementedError
+
+    @property
+    def num_free(self) -> int:
+        """Slots that :meth:`take` can hand out without eviction."""
+        return self.capacity - self.used
+
+    def take(self, n: int) -> np.ndarray:
+        """Up to ``n`` free slots (fewer when short; never evicts)."""
+        raise NotImplementedError
+
+    def give(self, slots: np.ndarray) -> None:
+        """Free ``slots`` (their payloads are forgotten)."""
+        raise NotImplementedError
+
+    def write(self, slots: np.ndarray, pages: Optional[np.ndarray]) -> np.ndarray:
+        """Store one page per slot (``pages`` is ``None`` without payload); return a per-slot ok mask."""
+        raise NotImplementedError
+
+    def read(self, slots: np.ndarray) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        """Payloads of ``slots`` (``None`` without payload) and a per-slot mask of those found."""
+        raise NotImplementedError
+
+    def lost_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Mask of ``slots`` whose storage is known to be gone (a dead remote host)."""
+        return np.zeros(len(slots), dtype=bool)
+
+    def take_lost(self) -> bool:
+        """True once after storage was lost since the last call (the stack then sweeps)."""
+        return False
+
+    # -- residency hooks (the borrowed tier tracks which node holds each slot)
+    def on_assign(self, node: Node) -> None:
+        """``node.ext`` became a :class:`Copy` in this tier."""
+
+    def on_release(self, node: Node) -> None:
+        """``node`` is about to lose its copy in this tier."""
+
+    def check(self) -> None:
+        """Tier-local invariants (slot accounting); the stack checks residency."""
+
+    def close(self) -> None:
+        """Release external resources (connections)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, used={self.used}, capacity={self.capacity})"

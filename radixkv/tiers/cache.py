@@ -1,0 +1,374 @@
+"""The tiered engine: :class:`TieredCache`, a :class:`~radixkv.cache.PrefixCache` whose evictions spill.
+
+HBM is the engine's own tree and pool, unchanged; lower tiers (host DRAM,
+remote hosts) hang off two hooks: the engine's eviction calls
+:meth:`TieredCache._spill` before it drops a leaf's tail (write-back demotes
+the pages), and :meth:`TieredCache._descend` continues a match below HBM,
+loading pages back when the cost model says loading beats recomputing
+(Mooncake's rule) and there is room. A plain :class:`PrefixCache` runs none
+of this code.
+
+Write policies, as SGLang HiCache names them:
+
+* ``write_back`` (exclusive): pages move down only when HBM evicts them and
+  leave the lower tier when loaded back. With LRU everywhere, HBM of ``a``
+  blocks over a host of ``b`` blocks hits exactly like one LRU of ``a + b``
+  blocks (for requests that fit in ``a``): the host holds the pages ranked
+  just below HBM's, in the same (last access, depth) order.
+* ``write_through`` (inclusive): every page cached in HBM is copied down when
+  its request is released (its KV is written by then); HBM evicts by
+  dropping, so HBM behaves exactly like a plain cache of ``a`` blocks.
+* ``write_through_selective``: a page is copied down once it was hit
+  ``write_through_threshold`` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import policies as _policies
+from ..cache import Admission, NodeHandle, PrefixCache
+from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
+from ..keys import TokensLike, as_tokens
+from ..tree import Node
+from .base import Tier, TierConfigError
+from .stack import TierStack
+from .transfers import HBM, TransferLedger, TransferTotals
+
+WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+LOAD_BACK = ("cost", "always", "never")
+
+#: Tier paths of the default cost model: costs' defaults plus ``borrowed`` (a peer's HBM, one network hop).
+TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",)}
+
+
+def default_cost_model(page_size: int) -> CostModel:
+    """Llama-3-8B on an H100 (see :mod:`radixkv.costs` for the figures and their sources)."""
+    return CostModel(get_model("llama-3-8b"), get_hardware("h100"), page_size, tier_paths=TIER_PATHS)
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """What the tiers did since the cache was created (or :meth:`TieredCache.reset`).
+
+    Attributes:
+        hit_tokens_by_tier: tokens served per tier (``"hbm"`` first); they sum to the admissions' hits.
+        bytes_by_link / seconds_by_link: bytes moved and simulated seconds per link.
+        bytes_by_route: bytes per ``"src->dst"`` tier pair.
+        transfer_seconds: simulated seconds of all transfers (no overlap assumed).
+        recomputed_tokens: tokens found below HBM but recomputed (cost rule, or no room in HBM).
+        integrity_misses: pages whose payload was missing or failed its checksum on load.
+        dropped_pages: pages that fell out of the last tier (or found no room below).
+        lost_pages: copies forgotten because their remote host died.
+        pages_by_tier: pages each lower tier holds now.
+    """
+
+    hit_tokens_by_tier: Dict[str, int]
+    bytes_by_link: Dict[str, int]
+    seconds_by_link: Dict[str, float]
+    bytes_by_route: Dict[str, int]
+    transfer_seconds: float
+    recomputed_tokens: int
+    integrity_misses: int
+    dropped_pages: int
+    lost_pages: int
+    pages_by_tier: Dict[str, int]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _CopyDownAdmission(Admission):
+    """An admission whose new pages are copied down (write-through) when it is released."""
+
+    __slots__ = ("_root", "_data", "_start")
+
+    def __init__(self, base: Admission, root: Node, data: bytes, start: int) -> None:
+        super().__init__(base._cache, base.hit_tokens, base.blocks, base.new_blocks, base.node)
+        self._root = root
+        self._data = data
+        self._start = start
+
+    def release(self) -> None:
+        if not self._released:
+            self._cache._copy_down(self._root, self._data, self._start, self.new_blocks)
+        super().release()
+
+
+class TieredCache(PrefixCache):
+    """A prefix cache with lower tiers: HBM, then ``tiers`` in order (e.g. host, then remote).
+
+    >>> from radixkv.tiers import HostTier
+    >>> cache = TieredCache(num_blocks=4, page_size=2, tiers=[HostTier(8)], load_back="always")
+    >>> cache.admit([1, 2, 3, 4, 5, 6, 7, 8]).release()    # 4 pages fill HBM
+    >>> cache.admit([9, 9, 8, 8]).release()                # 2 pages demoted to the host
+    >>> cache.admit([1, 2, 3, 4, 5, 6, 7, 8]).hit_tokens   # 2 pages from HBM, 2 loaded back
+    8
+    >>> cache.tier_stats().hit_tokens_by_tier
+    {'hbm': 4, 'host': 4}
+
+    Args:
+        num_blocks, page_size, policy, kv_shape, dtype: as :class:`PrefixCache` (HBM).
+        tiers: lower tiers, fastest first; each belongs to one cache.
+        write_policy: ``"write_back"``, ``"write_through"`` or ``"write_through_selective"``.
+        write_through_threshold: hits before a page is copied down (selective policy).
+        load_back: ``"cost"`` (load iff transfer beats recompute, per run of pages in one
+            tier: Mooncake's rule), ``"always"``, or ``"never"`` (lower copies only counted).
+        cost_model: recompute and link costs; default :func:`default_cost_model`. Its
+            ``page_bytes`` is charged per page moved unless ``kv_shape`` gives real payloads.
+        **kwargs: passed to :class:`PrefixCache` (e.g. ``enable_events``).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        page_size: int = 16,
+        policy: Union[str, "_policies.EvictionPolicy"] = "lru",
+        kv_shape: Optional[Sequence[int]] = None,
+        dtype: Any = "float16",
+        *,
+        tiers: Sequence[Tier] = (),
+        write_policy: str = "write_back",
+        write_through_threshold: int = 2,
+        load_back: str = "cost",
+        cost_model: Optional[CostModel] = None,
+        **kwargs: Any,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise TierConfigError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}")
+        if load_back not in LOAD_BACK:
+            raise TierConfigError(f"load_back must be one of {', '.join(LOAD_BACK)}, got {load_back!r}")
+        if isinstance(write_through_threshold, bool) or not isinstance(write_through_threshold, int):
+            raise TypeError(f"write_through_threshold must be an int, got {write_through_threshold!r}")
+        if write_through_threshold < 1:
+            raise TierConfigError(f"write_through_threshold must be >= 1, got {write_through_threshold!r}")
+        tiers = list(tiers)
+        names = set()
+        for tier in tiers:
+            if not isinstance(tier, Tier):
+                raise TypeError(f"tiers must hold Tier instances (HostTier, RemoteTier, ...), got {tier!r}")
+            if tier.name in names:
+                raise TierConfigError(f"two tiers are named {tier.name!r}")
+            if getattr(tier, "_owner", None) is not None:
+                raise TierConfigError(f"tier {tier!r} already belongs to another cache")
+            names.add(tier.name)
+        super().__init__(num_blocks, page_size, policy, kv_shape, dtype, **kwargs)
+        if cost_model is None:
+            cost_model = default_cost_model(self.page_size)
+        elif not isinstance(cost_model, CostModel):
+            raise TypeError(f"cost_model must be a CostModel, got {cost_model!r}")
+        elif cost_model.page_size != self.page_size:
+            raise TierConfigError(f"cost_model.page_size must equal page_size={self.page_size}, "
+                                  f"got {cost_model.page_size!r}")
+        for tier in tiers:
+            if tier.name not in cost_model.tier_paths:
+                raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
+                                      f"known: {', '.join(cost_model.tier_paths)}")
+        for tier in tiers:
+            tier._owner = self
+            tier.attach(self.page_size, kv_shape, dtype)
+        data = self._pool.data
+        page_bytes = data[0].nbytes if data is not None else cost_model.page_bytes
+        self.cost_model = cost_model
+        self.write_policy = write_policy
+        self.write_through_threshold = write_through_threshold
+        self.load_back = load_back
+        self._exclusive = write_policy == "write_back"
+        self._selective = write_policy == "write_through_selective"
+        self._stack = TierStack(tiers, self.page_size, data is not None,
+                                TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes)
+        self._zero_stats()
+
+    def _zero_stats(self) -> None:
+        self._hit_pages: Dict[str, int] = {HBM: 0, **{t.name: 0 for t in self._stack.tiers}}
+        self._recomputed_pages = 0
+        self._stack.ledger.reset()
+        self._stack.dropped_pages = self._stack.integrity_misses = self._stack.lost_pages = 0
+
+    # ------------------------------------------------------------------ public
+    @property
+    def tiers(self) -> List[Tier]:
+        """The lower tiers, fastest first."""
+        return list(self._stack.tiers)
+
+    @property
+    def hit_tokens_by_tier(self) -> Dict[str, int]:
+        """Tokens served per tier since creation (matches and admissions). O(tiers)."""
+        return {name: pages * self.page_size for name, pages in self._hit_pages.items()}
+
+    @property
+    def transfers(self) -> TransferTotals:
+        """Bytes and simulated seconds per link so far."""
+        return self._stack.ledger.totals()
+
+    def tier_stats(self) -> TierStats:
+        """Counters of hits per tier, transfers, recomputes and integrity misses. O(tiers)."""
+        t = self._stack.ledger.totals()
+        s = self._stack
+        return TierStats(self.hit_tokens_by_tier, t.bytes_by_link, t.seconds_by_link, t.bytes_by_route,
+                         t.seconds, self._recomputed_pages * self.page_size, s.integrity_misses,
+                         s.dropped_pages, s.lost_pages, {tier.name: tier.used for tier in s.tiers})
+
+    def peek(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[int, int]:
+        """``(HBM pages, lower-tier pages)`` of the longest cached prefix of ``tokens``; changes nothing.
+
+        For routers (cache-aware request routing). Cost: two read-only walks.
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._tree._roots.get(namespace)
+        if root is None:
+            return 0, 0
+        node, pos, child, common = self._tree.walk(root, data, num_pages)
+        pos += common
+        lower = self._stack.peek(root, data, pos, num_pages) if self._stack.num_pages else 0
+        return pos, lower
+
+    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, **kwargs: Any) -> Admission:
+        """As :meth:`PrefixCache.admit`; pages may be loaded back from lower tiers (counted as hits).
+
+        Under write-through the new pages are copied down at :meth:`Admission.release`, once the
+        caller has written their KV.
+        """
+        admission = super().admit(tokens, namespace=namespace, **kwargs)
+        if self._exclusive or self._selective or not len(admission.new_blocks) or not self._stack.tiers:
+            return admission
+        data, _ = self._pages(tokens)
+        root = self._tree._roots.get(namespace)
+        return _CopyDownAdmission(admission, root, data, admission.hit_tokens // self.page_size)
+
+    def insert(self, tokens: TokensLike, blocks, *, namespace: Optional[str] = None) -> int:
+        """As :meth:`PrefixCache.insert`; under write-through the new pages are copied down at once."""
+        present = super().insert(tokens, blocks, namespace=namespace)
+        if self._exclusive or self._selective or not self._stack.tiers:
+            return present
+        data, num_pages = self._pages(tokens)
+        if present < num_pages:
+            arr = np.asarray(blocks)[present:num_pages].astype(np.int32)
+            self._copy_down(self._tree._roots.get(namespace), data, present, arr)
+        return present
+
+    def check(self) -> None:
+        """:meth:`PrefixCache.check` plus every lower tier: spill tree, residency, slots, queues."""
+        super().check()
+        self._stack.check()
+
+    def reset(self) -> None:
+        """Drop every cached page in every tier and zero the tier counters."""
+        super().reset()
+        self._stack.reset()
+        self._zero_stats()
+
+    def close(self) -> None:
+        """Close the tiers' external connections (Redis)."""
+        for tier in self._stack.tiers:
+            tier.close()
+
+    # ------------------------------------------------------------------ hooks
+    def _spill(self, node: Node, k: int) -> None:
+        """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
+        if not self._exclusive or not self._stack.tiers:
+            return
+        root, data = self._path_data(node)
+        blocks = node.blocks[node.num_pages - k:]
+        pages = self._pool.data[blocks] if self._pool.data is not None else None
+        self._stack.put(root, data, node.end - k, node.end, pages)
+
+    def _descend(self, root: Node, data: bytes, num_pages: int):
+        node, pos = super()._descend(root, data, num_pages)
+        self._hit_pages[HBM] += pos
+        stack = self._stack
+        if self._selective and pos:
+            self._count_hits(node, data)
+        if not stack.num_pages or (pos >= num_pages and self._exclusive):
+            return node, pos
+        run = stack.lookup(root, data, pos, num_pages)
+        if not run or self.load_back == "never":
+            return node, pos
+        self._lock_node(node)
+        try:
+            plan = self._plan(run, pos, self._pool.num_free + self._cached - self._protected)
+            if not plan:
+                return node, pos
+            got, payload, by_tier = stack.fetch(run, plan, self._exclusive)
+            if not got:
+                return node, pos
+            free = self._pool.num_free
+            if got > free:
+                self._evict(got - free)
+            blocks = self._pool.take(got)
+            if payload is not None:
+                self._pool.data[blocks] = payload
+            leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            for name, pages in by_tier:
+                self._hit_pages[name] += pages
+            return leaf, pos + got
+        finally:
+            self._unlock_node(node)
+
+    def _split(self, child: Node, pages: int) -> Node:
+        upper = super()._split(child, pages)
+        upper.ext = child.ext  # hit count (selective write-through)
+        return upper
+
+    # ------------------------------------------------------------------ internals
+    def _plan(self, run: List[Node], pos: int, room: int) -> int:
+        """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing."""
+        total = i = 0
+        always = self.load_back == "always"
+        found = sum(n.num_pages for n in run)
+        while i < len(run) and total < room:
+            tier = run[i].ext.tier
+            seg = 0
+            while i < len(run) and run[i].ext.tier is tier:
+                seg += run[i].num_pages
+                i += 1
+            if not always and not self.cost_model.should_load((pos + total) * self.page_size, seg, tier.name):
+                break
+            take = min(seg, room - total)
+            total += take
+            if take < seg:
+                break
+        self._recomputed_pages += found - total
+        return total
+
+    def _path_data(self, node: Node) -> Tuple[Node, bytes]:
+        """The root above ``node`` and the bytes of every page from the root through ``node``. O(depth)."""
+        pb = self._tree.page_bytes
+        parts = []
+        while node.parent is not None:
+            key = node.key
+            n = node.num_pages * pb
+            parts.append(key if len(key) == n else key[:n])
+            node = node.parent
+        parts.reverse()
+        return node, b"".join(parts)
+
+    def _copy_down(self, root: Optional[Node], data: bytes, start: int, blocks: np.ndarray) -> None:
+        """Copy pages ``start..`` (in HBM ``blocks``) to the first lower tier (write-through)."""
+        if root is None or not len(blocks):
+            return
+        pages = self._pool.data[blocks] if self._pool.data is not None else None
+        self._stack.put(root, data, start, start + len(blocks), pages)
+
+    def _count_hits(self, node: Node, data: bytes) -> None:
+        """Selective write-through: count a hit on every matched node; copy down at the threshold."""
+        threshold = self.write_through_threshold
+        path = []
+        n = node
+        while n.parent is not None:
+            n.ext = (n.ext or 0) + 1
+            if n.ext == threshold:
+                path.append(n)
+            n = n.parent
+        for n in reversed(path):
+            self._copy_down(n_root(n), data, n.start, n.blocks)
+
+
+def n_root(node: Node) -> Node:
+    """The root above ``node``. O(depth)."""
+    while node.parent is not None:
+        node = node.parent
+    return node

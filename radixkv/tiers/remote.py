@@ -1,0 +1,216 @@
+"""Remote tier: pages held on other hosts' DRAM, behind a pluggable backend.
+
+The tier owns placement and capacity (``blocks_per_host`` slots on each
+host, most-free host first); a backend only stores bytes by ``(host, slot)``.
+The default :class:`SimulatedHosts` keeps them in-process (no server needed);
+:class:`~radixkv.tiers.redis_backend.RedisBackend` keeps them in Redis, one
+server per host. A backend that raises :class:`HostDown` marks its host dead:
+every page on it becomes a miss and the stack forgets those copies.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
+
+from .. import policies as _policies
+from ..pool import BlockPool
+from .base import SLOT_DTYPE, Tier, check_capacity
+
+_MARKER = b"\x01"  # stored when the cache keeps no payload, so a lost host still shows as a miss
+
+
+class HostDown(Exception):
+    """Raised by a backend when a host does not answer; the tier turns it into misses."""
+
+    def __init__(self, host: int, reason: object = "") -> None:
+        super().__init__(f"remote host {host} is down: {reason}")
+        self.host = host
+
+
+class RemoteBackend(Protocol):
+    """Byte storage on ``num_hosts`` hosts, addressed by ``(host, slot)``.
+
+    Every method may raise :class:`HostDown` for ``host``. Batched: one call per
+    host per transfer (Redis pipelines it into one round trip).
+    """
+
+    num_hosts: int
+
+    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> None: ...
+
+    def get(self, host: int, slots: Sequence[int]) -> List[Optional[bytes]]: ...
+
+    def delete(self, host: int, slots: Sequence[int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SimulatedHosts:
+    """In-process remote hosts: one dict per host. :meth:`kill` simulates a crash (tests, fault drills)."""
+
+    def __init__(self, num_hosts: int) -> None:
+        self.num_hosts = check_capacity(num_hosts, "num_hosts")
+        self.stores: List[Dict[int, bytes]] = [{} for _ in range(self.num_hosts)]
+        self.dead: set = set()
+
+    def _store(self, host: int) -> Dict[int, bytes]:
+        if host in self.dead:
+            raise HostDown(host, "killed")
+        return self.stores[host]
+
+    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> None:
+        self._store(host).update(zip((int(s) for s in slots), values))
+
+    def get(self, host: int, slots: Sequence[int]) -> List[Optional[bytes]]:
+        store = self._store(host)
+        return [store.get(int(s)) for s in slots]
+
+    def delete(self, host: int, slots: Sequence[int]) -> None:
+        store = self._store(host)
+        for s in slots:
+            store.pop(int(s), None)
+
+    def kill(self, host: int) -> None:
+        """Make ``host`` unreachable from now on; its contents are lost."""
+        self.dead.add(host)
+        self.stores[host] = {}
+
+    def close(self) -> None:
+        pass
+
+
+class RemoteTier(Tier):
+    """``num_hosts`` remote hosts with ``blocks_per_host`` page slots each.
+
+    Slot id ``host * blocks_per_host + local``. Capacity is enforced here, not
+    by the backend; a dead host's capacity is gone until the tier is rebuilt.
+
+    Args:
+        num_hosts: remote hosts (ignored when ``backend`` is given; its ``num_hosts`` counts).
+        blocks_per_host: page slots on each host.
+        backend: byte store; default :class:`SimulatedHosts`.
+        policy: eviction policy ranking the tier's pages.
+    """
+
+    kind = "remote"
+
+    def __init__(self, blocks_per_host: int, num_hosts: int = 1, backend: Optional[RemoteBackend] = None,
+                 policy: Union[str, "_policies.EvictionPolicy"] = "lru", name: str = "remote") -> None:
+        super().__init__(name, policy)
+        self.blocks_per_host = check_capacity(blocks_per_host, "blocks_per_host")
+        if backend is None:
+            backend = SimulatedHosts(num_hosts)
+        elif not all(hasattr(backend, m) for m in ("put", "get", "delete", "num_hosts")):
+            raise TypeError(f"backend must provide num_hosts, put, get and delete, got {backend!r}")
+        self.backend = backend
+        self.num_hosts = check_capacity(backend.num_hosts, "num_hosts")
+        self._pools = [BlockPool(self.blocks_per_host, 1) for _ in range(self.num_hosts)]
+        self._live = np.ones(self.num_hosts, dtype=bool)
+        self._newly_lost = False
+        self.lost_hosts: List[int] = []
+        """Hosts found dead, in the order they were found."""
+
+    @property
+    def capacity(self) -> int:
+        return int(self._live.sum()) * self.blocks_per_host
+
+    @property
+    def num_free(self) -> int:
+        return sum(p.num_free for h, p in enumerate(self._pools) if self._live[h])
+
+    def take(self, n: int) -> np.ndarray:
+        parts = []
+        while n > 0:
+            free = [p.num_free if self._live[h] else 0 for h, p in enumerate(self._pools)]
+            host = int(np.argmax(free))
+            if free[host] == 0:
+                break
+            k = min(n, free[host])
+            parts.append(self._pools[host].take(k).astype(SLOT_DTYPE) + host * self.blocks_per_host)
+            n -= k
+        slots = np.concatenate(parts) if parts else np.empty(0, dtype=SLOT_DTYPE)
+        self.used += len(slots)
+        return slots
+
+    def give(self, slots: np.ndarray) -> None:
+        self.used -= len(slots)
+        for host, local in self._by_host(slots):
+            self._pools[host].give_back(local.astype(np.int32))
+            if self._live[host]:
+                self._call(host, self.backend.delete, host, local.tolist())
+
+    def write(self, slots: np.ndarray, pages: Optional[np.ndarray]) -> np.ndarray:
+        ok = np.ones(len(slots), dtype=bool)
+        for host, idx in self._groups(slots):
+            local = (slots[idx] % self.blocks_per_host).tolist()
+            values = ([_MARKER] * len(idx) if pages is None
+                      else [pages[i].tobytes() for i in idx])
+            if not self._live[host] or not self._call(host, self.backend.put, host, local, values):
+                ok[idx] = False
+        return ok
+
+    def read(self, slots: np.ndarray) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        ok = np.zeros(len(slots), dtype=bool)
+        data = None
+        if self.page_shape is not None:
+            data = np.zeros((len(slots), *self.page_shape), dtype=self.dtype)
+            nbytes = data[0].nbytes if len(slots) else 0
+        for host, idx in self._groups(slots):
+            if not self._live[host]:
+                continue
+            values = self._call(host, self.backend.get, host, (slots[idx] % self.blocks_per_host).tolist())
+            if values is None:
+                continue
+            for i, value in zip(idx, values):
+                if value is None:
+                    continue
+                if data is None:
+                    ok[i] = True
+                elif len(value) == nbytes:
+                    data[i] = np.frombuffer(value, dtype=self.dtype).reshape(self.page_shape)
+                    ok[i] = True
+        return data, ok
+
+    def lost_slots(self, slots: np.ndarray) -> np.ndarray:
+        return ~self._live[slots // self.blocks_per_host]
+
+    def take_lost(self) -> bool:
+        lost, self._newly_lost = self._newly_lost, False
+        return lost
+
+    def _call(self, host: int, fn, *args):
+        try:
+            result = fn(*args)
+        except HostDown:
+            self._mark_dead(host)
+            return None
+        return True if result is None else result
+
+    def _mark_dead(self, host: int) -> None:
+        if self._live[host]:
+            self._live[host] = False
+            self._newly_lost = True
+            self.lost_hosts.append(host)
+
+    def _groups(self, slots: np.ndarray):
+        hosts = slots // self.blocks_per_host
+        for host in np.unique(hosts):
+            yield int(host), np.flatnonzero(hosts == host)
+
+    def _by_host(self, slots: np.ndarray):
+        for host, idx in self._groups(slots):
+            yield host, slots[idx] % self.blocks_per_host
+
+    def check(self) -> None:
+        free = 0
+        for pool in self._pools:
+            pool.check()
+            free += pool.num_free
+        assert free + self.used == self.num_hosts * self.blocks_per_host, (
+            f"{self.name}: free {free} + used {self.used} != {self.num_hosts * self.blocks_per_host}")
+
+    def close(self) -> None:
+        self.backend.close()
+

@@ -1,0 +1,432 @@
+"""The spill index: which lower tier holds each page, and the moves between tiers.
+
+Pages below HBM live in a second :class:`~radixkv.tree.RadixTree` (the
+*spill tree*), separate from the engine's HBM tree, so the engine's counters,
+locks and victim queue keep meaning "HBM" exactly. A spill-tree node's
+``ext`` is its residency: a :class:`~radixkv.tiers.base.Copy` (every page of
+the node in one tier; nodes are split where residency changes, as the engine
+splits at match boundaries) or ``None`` for a *placeholder*, a page kept only
+as the path to deeper spilled pages (it is in HBM or nowhere). Placeholder
+leaves are removed at once, so the tree holds the prefix closure of the
+spilled pages and nothing else.
+
+Moves: :meth:`TierStack.put` stores pages leaving HBM in the first tier;
+making room in tier ``i`` evicts its lowest-ranked pages, which cascade to
+tier ``i + 1`` keeping their rank, or are dropped from the last tier.
+:meth:`TierStack.lookup` and :meth:`TierStack.fetch` find and read the pages
+that continue a match below HBM, verifying each page's checksum.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..tree import Node, RadixTree
+from .base import IN_FLIGHT, Copy, Tier, checksums
+from .transfers import HBM, TransferLedger
+
+
+def _zeros(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.int32)
+
+
+class TierStack:
+    """Lower tiers in order (fastest first) over one spill tree.
+
+    Args:
+        tiers: the tiers, fastest first; each page lives in at most one of them.
+        page_size: tokens per page.
+        has_payload: pages carry payload bytes (checksummed).
+        ledger: where transfers are charged.
+        page_bytes: bytes charged per page moved.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], page_size: int, has_payload: bool,
+                 ledger: TransferLedger, page_bytes: int) -> None:
+        self.tiers: List[Tier] = list(tiers)
+        self._index = {id(t): i for i, t in enumerate(self.tiers)}
+        self.tree = RadixTree(page_size)
+        self.has_payload = has_payload
+        self.ledger = ledger
+        self.page_bytes = page_bytes
+        self.tick = 0
+        self.dropped_pages = 0
+        """Pages that left the last tier, or found no room below (monotonic)."""
+        self.integrity_misses = 0
+        """Pages whose payload was missing or failed its checksum on load (monotonic)."""
+        self.lost_pages = 0
+        """Copies forgotten because their remote host died (monotonic)."""
+
+    @property
+    def num_pages(self) -> int:
+        """Pages held below HBM. O(tiers)."""
+        return sum(t.used for t in self.tiers)
+
+    # ------------------------------------------------------------------ tree surgery
+    def _rank(self, node: Node) -> None:
+        tier = node.ext.tier
+        tier.victims.push(node, (tier.policy.priority(node), -node.end))
+
+    def _assign(self, node: Node, tier: Tier, slots: np.ndarray, sums: Optional[np.ndarray], stamp: int) -> None:
+        node.ext = Copy(tier, slots, sums, stamp)
+        tier.policy.on_insert(node, stamp)
+        self._rank(node)
+        tier.on_assign(node)
+
+    def _release(self, node: Node) -> Copy:
+        """Take ``node``'s copy away (slots still held by the caller); node becomes in flight."""
+        copy = node.ext
+        tier = copy.tier
+        tier.on_release(node)
+        tier.victims.discard(node)
+        tier.policy.on_remove(node)
+        node.ext = IN_FLIGHT
+        return copy
+
+    def _split(self, node: Node, pages: int) -> Node:
+        """Cut ``node`` after ``pages`` pages; return the new upper node (``node`` keeps the tail)."""
+        copy = node.ext
+        upper = self.tree.split(node, pages)
+        if isinstance(copy, Copy):
+            upper.ext, node.ext = copy.split(pages)
+            copy.tier.policy.on_split(upper, node)
+            self._rank(upper)
+            self._rank(node)
+            copy.tier.on_assign(upper)
+            copy.tier.on_assign(node)
+        else:
+            upper.ext = copy
+        return upper
+
+    def _gc(self, node: Node) -> None:
+        """Remove ``node`` and its ancestors while they are childless placeholders."""
+        tree = self.tree
+        while node.parent is not None and node.ext is None and node.children is None:
+            parent = node.parent
+            tree.truncate(node, node.num_pages)
+            node = parent
+
+    def _drop(self, node: Node) -> None:
+        node.ext = None
+        self._gc(node)
+
+    # ------------------------------------------------------------------ reads
+    def _path(self, node: Node) -> List[Node]:
+        path = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        return path
+
+    def lookup(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> List[Node]:
+        """Nodes holding pages ``pos, pos+1, ...`` of ``data`` below HBM, consecutive, in order.
+
+        Touches (``on_access``) every copy on the path up to the end of the run,
+        so lower tiers rank by use like HBM does. Splits nodes so the run starts
+        exactly at ``pos``. Cost: O(path nodes) plus a C-speed key comparison.
+        """
+        root = self.tree._roots.get(key)
+        if root is None:
+            return []
+        self.tick += 1
+        node, lpos, child, common = self.tree.walk(root, data, num_pages)
+        if child is not None and lpos + common > pos:
+            node = self._split(child, common)
+            lpos += common
+        path = self._path(node)
+        run: List[Node] = []
+        end = pos
+        if lpos > pos:
+            i = 0
+            while path[i].end <= pos:
+                i += 1
+            if path[i].start < pos:
+                self._split(path[i], pos - path[i].start)
+            for n in path[i:]:
+                if not isinstance(n.ext, Copy):
+                    break
+                run.append(n)
+                end = n.end
+        tick = self.tick
+        for n in path:
+            if n.start >= end:
+                break
+            if isinstance(n.ext, Copy):
+                n.ext.tier.policy.on_access(n, tick)
+                self._rank(n)
+        return run
+
+    def fetch(self, run: List[Node], max_pages: int, exclusive: bool) -> Tuple[int, Optional[np.ndarray], List[Tuple[str, int]]]:
+        """Read up to ``max_pages`` leading pages of ``run`` for HBM, verifying checksums.
+
+        Stops at the first page whose payload is missing or corrupt (counted in
+        :attr:`integrity_misses`; that copy and the rest of its node are
+        forgotten). With ``exclusive`` the pages read leave their tier.
+        Returns ``(pages read, payload or None, [(tier name, pages), ...])``.
+        """
+        got = 0
+        parts: List[np.ndarray] = []
+        by_tier: List[Tuple[str, int]] = []
+        released: List[Node] = []
+        for node in run:
+            if got >= max_pages:
+                break
+            want = min(node.num_pages, max_pages - got)
+            use = self._split(node, want) if want < node.num_pages else node
+            copy: Copy = use.ext
+            tier = copy.tier
+            data, ok = tier.read(copy.slots)
+            if data is not None and copy.sums is not None and ok.any():
+                ok &= checksums(data) == copy.sums
+            good = len(ok) if ok.all() else int(np.argmin(ok))
+            if good < len(ok):
+                self.integrity_misses += int(np.count_nonzero(~ok[good:]))
+                upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
+                tier.give(self._release(use).slots)
+                use.ext = None
+                released.append(use)
+                if upper is None:
+                    break
+                use = upper
+                data = None if data is None else data[:good]
+            if data is not None:
+                parts.append(data[:good])
+            by_tier.append((tier.name, good))
+            self.ledger.record(tier.name, HBM, good * self.page_bytes)
+            got += good
+            if exclusive:
+                tier.give(self._release(use).slots)
+                use.ext = None
+                released.append(use)
+            if good < want:
+                break
+        for node in reversed(released):
+            if node.gen >= 0:
+                self._gc(node)
+        self._sweep_lost()
+        payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+        return got, payload, by_tier
+
+    def peek(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> int:
+        """Pages ``pos, ...`` of ``data`` held below HBM, consecutive; changes nothing. O(path)."""
+        root = self.tree._roots.get(key)
+        if root is None:
+            return 0
+        node, lpos, child, common = self.tree.walk(root, data, num_pages)
+        path = self._path(node)
+        if child is not None:
+            path.append(child)
+        end = pos
+        for n in path:
+            if n.end <= pos:
+                continue
+            if not isinstance(n.ext, Copy):
+                break
+            if n is child:
+                if lpos + common <= pos:
+                    break
+                end = lpos + common
+                break
+            end = n.end
+        return end - pos
+
+    # ------------------------------------------------------------------ writes
+    def _carve(self, key: Hashable, data: bytes, start: int, end: int) -> List[Node]:
+        """Spill-tree nodes covering exactly pages ``[start, end)`` of ``data``, created as placeholders if new."""
+        tree = self.tree
+        pb = tree.page_bytes
+        root = tree.root(key)
+        node, pos, child, common = tree.walk(root, data, end)
+        if child is not None:
+            node = self._split(child, common)
+            pos += common
+        existing = []
+        n = node
+        while n.parent is not None and n.end > start:
+            existing.append(n)
+            n = n.parent
+        existing.reverse()
+        if existing and existing[0].start < start:
+            self._split(existing[0], start - existing[0].start)
+        if pos < end:
+            if pos < start:
+                node = tree.add_leaf(node, data[pos * pb: start * pb], _zeros(start - pos))
+                pos = start
+            existing.append(tree.add_leaf(node, data[pos * pb: end * pb], _zeros(end - pos)))
+        return existing
+
+    def put(self, key: Hashable, data: bytes, start: int, end: int, pages: Optional[np.ndarray],
+            src: str = HBM) -> None:
+        """Store pages ``[start, end)`` of ``data`` (payload ``pages``) below HBM.
+
+        Pages that already have a lower copy are skipped. The first tier makes
+        room by evicting (cascading) its lowest-ranked pages; pages it cannot
+        hold at all go to the next tier, deepest first, as if demoted one at a
+        time; what no tier can hold is dropped. Cost: one walk plus the
+        evictions it needs.
+        """
+        if not self.tiers or end <= start:
+            return
+        self.tick += 1
+        nodes = [n for n in self._carve(key, data, start, end) if n.ext is None]
+        for n in nodes:
+            n.ext = IN_FLIGHT
+        sums = checksums(pages) if pages is not None and self.has_payload else None
+        self._place(0, nodes, pages, sums, start, self.tick, src)
+        self._sweep_lost()
+
+    def _place(self, i: int, nodes: List[Node], pages: Optional[np.ndarray], sums: Optional[np.ndarray],
+               start: int, stamp: int, src: str) -> None:
+        """Give in-flight ``nodes`` (shallowest first; payload rows from page ``start``) slots in tier ``i``."""
+        tier = self.tiers[i]
+        slots = self.reserve(i, sum(n.num_pages for n in nodes))
+        off = stored = 0
+        leftover: List[Node] = []
+        failed: List[Node] = []
+        for n in nodes:
+            avail = len(slots) - off
+            if avail <= 0:
+                leftover.append(n)
+                continue
+            if avail < n.num_pages:
+                leftover.append(n)  # keeps the tail, still in flight
+                n = self._split(n, avail)
+            k = n.num_pages
+            s = slots[off: off + k]
+            off += k
+            rows = slice(n.start - start, n.end - start)
+            if tier.write(s, None if pages is None else pages[rows]).all():
+                self._assign(n, tier, s, None if sums is None else sums[rows], stamp)
+                stored += k
+            else:
+                tier.give(s)
+                failed.append(n)
+        if off < len(slots):
+            tier.give(slots[off:])
+        self.ledger.record(src, tier.name, stored * self.page_bytes)
+        if leftover and i + 1 < len(self.tiers):
+            self._place(i + 1, leftover, pages, sums, start, stamp, src)
+        else:
+            failed += leftover
+        for n in sorted(failed, key=lambda x: -x.end):
+            self.dropped_pages += n.num_pages
+            self._drop(n)
+
+    def reserve(self, i: int, n: int) -> np.ndarray:
+        """Up to ``n`` slots of tier ``i``, evicting (cascading) its lowest-ranked pages for room."""
+        tier = self.tiers[i]
+        parts = []
+        have = 0
+        while have < n:
+            more = tier.take(n - have)
+            if len(more):
+                parts.append(more)
+                have += len(more)
+            if have >= n or self.evict(i, n - have) == 0:
+                break
+        if not parts:
+            return np.empty(0, dtype=np.int64)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def evict(self, i: int, n: int) -> int:
+        """Move the ``n`` lowest-ranked pages of tier ``i`` down a tier (or drop them); return pages moved."""
+        victims = self.tiers[i].victims
+        moved = 0
+        while moved < n:
+            node = victims.peek()
+            if node is None:
+                break
+            k = min(node.num_pages, n - moved)
+            if k < node.num_pages:
+                self._split(node, node.num_pages - k)
+            self.demote(i, node)
+            moved += k
+        return moved
+
+    def demote(self, i: int, node: Node) -> None:
+        """Move every page of ``node`` (held in tier ``i``) to the tiers below, or drop it from the last."""
+        tier = self.tiers[i]
+        copy = self._release(node)
+        if i + 1 >= len(self.tiers):
+            tier.give(copy.slots)
+            self.dropped_pages += node.num_pages
+            self._drop(node)
+            return
+        data, ok = tier.read(copy.slots) if self.has_payload else (None, ~tier.lost_slots(copy.slots))
+        tier.give(copy.slots)
+        if data is not None and copy.sums is not None:
+            ok &= checksums(data) == copy.sums
+        good = len(ok) if ok.all() else int(np.argmin(ok))
+        if good < len(ok):
+            self.integrity_misses += len(ok) - good
+            upper = self._split(node, good) if good else None
+            self.dropped_pages += node.num_pages
+            self._drop(node)
+            if upper is None:
+                return
+            node = upper
+        self._place(i + 1, [node], data, copy.sums, node.start, copy.stamp, tier.name)
+
+    # ------------------------------------------------------------------ faults
+    def _sweep_lost(self) -> None:
+        for tier in self.tiers:
+            if tier.take_lost():
+                self.forget_lost(tier)
+
+    def forget_lost(self, tier: Tier) -> int:
+        """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(tier nodes)."""
+        forgotten = 0
+        for _, node in list(tier.victims.entries()):
+            if node.gen < 0 or not isinstance(node.ext, Copy):
+                continue
+            lost = tier.lost_slots(node.ext.slots)
+            if not lost.any():
+                continue
+            first = int(np.argmax(lost))
+            if first:
+                self._split(node, first)
+            forgotten += node.num_pages
+            tier.give(self._release(node).slots)
+            self._drop(node)
+        self.lost_pages += forgotten
+        return forgotten
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """O(n): spill-tree shape, residency, slot accounting and victim queues of every tier."""
+        self.tree.check()
+        resident: Dict[int, List[Node]] = {id(t): [] for t in self.tiers}
+        for node in self.tree.nodes():
+            ext = node.ext
+            assert ext is not IN_FLIGHT, f"{node} left in flight"
+            if ext is None:
+                assert node.children, f"placeholder leaf {node} was not collected"
+                continue
+            assert isinstance(ext, Copy), f"{node} has residency {ext!r}"
+            assert id(ext.tier) in resident, f"{node} resident in a tier not in the stack: {ext.tier!r}"
+            assert len(ext.slots) == node.num_pages, f"{node} has {len(ext.slots)} slots"
+            if self.has_payload:
+                assert ext.sums is not None and len(ext.sums) == node.num_pages, f"{node} lacks checksums"
+            resident[id(ext.tier)].append(node)
+        for tier in self.tiers:
+            nodes = resident[id(tier)]
+            slots = np.concatenate([n.ext.slots for n in nodes]) if nodes else np.empty(0, dtype=np.int64)
+            assert len(np.unique(slots)) == len(slots), f"{tier.name}: a slot holds two pages"
+            assert len(slots) == tier.used, f"{tier.name}: {tier.used} slots used, tree holds {len(slots)} pages"
+            live = {id(n): (k, n) for k, n in tier.victims.entries()}
+            assert len(live) == len(tier.victims), f"{tier.name}: victim queue count drifted"
+            assert set(live) == {id(n) for n in nodes}, f"{tier.name}: victim queue differs from resident nodes"
+            for k, n in live.values():
+                assert k == (tier.policy.priority(n), -n.end), f"{tier.name}: {n} queued at {k}"
+            tier.check()
+
+    def reset(self) -> None:
+        """Forget every lower copy (slots back to their tiers)."""
+        for node in list(self.tree.nodes()):
+            if isinstance(node.ext, Copy):
+                node.ext.tier.give(self._release(node).slots)
+            node.ext = None
+        self.tree = RadixTree(self.tree.page_size)
