@@ -145,6 +145,10 @@ class PrefixCache:
         dtype: payload dtype.
     """
 
+    _spill = None
+    """Tier hook (:class:`radixkv.tiers.TieredCache` sets it): ``_spill(node, k)`` runs before the
+    last ``k`` pages of leaf ``node`` are evicted, so they can be demoted instead of dropped."""
+
     def __init__(
         self,
         num_blocks: int,
@@ -599,6 +603,7 @@ class PrefixCache:
         freed = 0
         victims, tree, pool, policy = self._victims, self._tree, self._pool, self._policy
         on_victim = policy.on_victim
+        spill = self._spill
         while freed < n:
             node = victims.peek()
             if node is None:
@@ -612,6 +617,8 @@ class PrefixCache:
                 k = min(k, run)
             k = min(k, n - freed)
             policy.on_evict(node, victims.peek_key()[1])
+            if spill is not None:  # a tier layer demotes the pages instead of dropping them
+                spill(node, k)
             pool.give_back(tree.truncate(node, k))
             self._cached -= k
             freed += k
