@@ -183,7 +183,9 @@ class TierStack:
                 ok &= checksums(data) == copy.sums
             good = len(ok) if ok.all() else int(np.argmin(ok))
             if good < len(ok):
-                self.integrity_misses += int(np.count_nonzero(~ok[good:]))
+                gone = tier.lost_slots(copy.slots)
+                self.lost_pages += int(np.count_nonzero(~ok & gone))
+                self.integrity_misses += int(np.count_nonzero(~ok & ~gone))
                 upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
                 tier.give(self._release(use).slots)
                 use.ext = None

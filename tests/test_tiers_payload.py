@@ -1,0 +1,135 @@
+"""Payload integrity through demote / promote / cascade, checksums, and remote host faults."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixkv.tiers import HostTier, RemoteTier, SimulatedHosts, TieredCache
+
+PS = 2
+KV = (3,)
+
+
+def page_value(tokens, i: int) -> np.ndarray:
+    """The payload of page ``i`` of ``tokens``: a function of the whole prefix through it."""
+    prefix = np.asarray(tokens[: (i + 1) * PS], dtype=np.uint32).tobytes()
+    seed = zlib.crc32(prefix)
+    return (np.arange(PS * KV[0], dtype=np.float32).reshape(PS, *KV) + seed % 9973).astype(np.float16)
+
+
+def admit_and_verify(cache: TieredCache, tokens) -> int:
+    """Admit ``tokens``, assert every hit page reads back its own bytes, write the new pages."""
+    a = cache.admit(tokens)
+    hit_pages = a.hit_tokens // PS
+    got = cache.read(a.blocks[:hit_pages]) if hit_pages else []
+    for i in range(hit_pages):
+        assert np.array_equal(got[i], page_value(tokens, i)), f"page {i} of {tokens} read wrong bytes"
+    if len(a.new_blocks):
+        cache.write(a.new_blocks, np.stack([page_value(tokens, hit_pages + j) for j in range(len(a.new_blocks))]))
+    a.release()
+    return a.hit_tokens
+
+
+requests = st.lists(st.lists(st.integers(0, 2), max_size=8), min_size=1, max_size=25)
+
+
+@settings(max_examples=80)
+@given(requests, st.integers(1, 4), st.integers(1, 4), st.integers(1, 3),
+       st.sampled_from(["write_back", "write_through", "write_through_selective"]))
+def test_bytes_read_for_a_hit_are_the_bytes_written(trace, a, b, c, policy):
+    cache = TieredCache(max(a, 4), PS, kv_shape=KV, tiers=[HostTier(b), RemoteTier(blocks_per_host=c, num_hosts=2)],
+                        write_policy=policy, load_back="always", write_through_threshold=1)
+    for tokens in trace:
+        admit_and_verify(cache, tokens)
+        cache.check()
+    assert cache.tier_stats().integrity_misses == 0
+
+
+def test_corrupt_host_page_is_a_counted_miss():
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[HostTier(4)], load_back="always")
+    admit_and_verify(cache, [1, 1, 2, 2])
+    admit_and_verify(cache, [3, 3, 4, 4])  # [1,1,2,2] now in the host tier
+    host = cache.tiers[0]
+    host.data[:] = 0.5  # overwrite every stored payload
+    assert admit_and_verify(cache, [1, 1, 2, 2]) == 0
+    stats = cache.tier_stats()
+    assert stats.integrity_misses == 2  # both pages failed their checksums
+    assert stats.hit_tokens_by_tier["host"] == 0
+    cache.check()
+
+
+def test_corrupt_second_page_keeps_the_first():
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[HostTier(4)], load_back="always")
+    admit_and_verify(cache, [1, 1, 2, 2])
+    admit_and_verify(cache, [3, 3, 4, 4])
+    node = next(n for n in cache._stack.tree.nodes() if n.ext is not None and n.num_pages == 2)
+    cache.tiers[0].data[node.ext.slots[1]] = 0.5
+    assert admit_and_verify(cache, [1, 1, 2, 2]) == PS
+    assert cache.tier_stats().integrity_misses == 1
+    cache.check()
+
+
+def test_missing_remote_payload_is_a_miss():
+    backend = SimulatedHosts(1)
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[RemoteTier(blocks_per_host=4, backend=backend)],
+                        load_back="always")
+    admit_and_verify(cache, [1, 1, 2, 2])
+    admit_and_verify(cache, [3, 3, 4, 4])
+    backend.stores[0].clear()  # the server lost its data (restart without persistence)
+    assert admit_and_verify(cache, [1, 1, 2, 2]) == 0
+    assert cache.tier_stats().integrity_misses == 2
+    cache.check()
+
+
+def test_truncated_remote_value_is_a_miss():
+    backend = SimulatedHosts(1)
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[RemoteTier(blocks_per_host=4, backend=backend)],
+                        load_back="always")
+    admit_and_verify(cache, [1, 1, 2, 2])
+    admit_and_verify(cache, [3, 3, 4, 4])
+    for slot in backend.stores[0]:
+        backend.stores[0][slot] = backend.stores[0][slot][:-1]
+    assert admit_and_verify(cache, [1, 1, 2, 2]) == 0
+    cache.check()
+
+
+@settings(max_examples=40)
+@given(requests, st.integers(0, 24), st.integers(0, 2))
+def test_killing_a_remote_host_mid_replay_loses_only_its_copies(trace, kill_at, victim):
+    backend = SimulatedHosts(3)
+    cache = TieredCache(4, PS, kv_shape=KV, tiers=[RemoteTier(blocks_per_host=2, backend=backend)],
+                        load_back="always")
+    for i, tokens in enumerate(trace):
+        if i == kill_at:
+            backend.kill(victim)
+        admit_and_verify(cache, tokens)  # never raises, never reads wrong bytes
+        cache.check()
+    tier = cache.tiers[0]
+    if tier.lost_hosts:
+        assert tier.lost_hosts == [victim] and tier.capacity == 4
+        assert all(not np.any(n.ext.slots // 2 == victim)
+                   for n in cache._stack.tree.nodes() if n.ext is not None)
+
+
+def test_dead_host_pages_are_forgotten_and_counted():
+    backend = SimulatedHosts(2)
+    cache = TieredCache(2, PS, tiers=[RemoteTier(blocks_per_host=4, backend=backend)], load_back="always")
+    for tokens in ([1, 1, 2, 2], [3, 3, 4, 4], [5, 5, 6, 6]):
+        cache.admit(tokens).release()
+    tier = cache.tiers[0]
+    assert tier.used == 4  # [1,1,2,2] on host 0 (most free), [3,3,4,4] on host 1
+    backend.kill(0)
+    hits = []
+    for tokens in ([3, 3, 4, 4], [1, 1, 2, 2]):
+        a = cache.admit(tokens)
+        a.release()
+        hits.append(a.hit_tokens)
+    assert hits == [2 * PS, 0]  # host 1 still serves; host 0's pages are gone
+    stats = cache.tier_stats()
+    assert stats.lost_pages == 2 and stats.integrity_misses == 0 and tier.lost_hosts == [0]
+    assert tier.capacity == 4
+    cache.check()
