@@ -12,11 +12,12 @@ from .base import Copy, RemoteHostError, Tier, TierConfigError, checksums
 from .cache import LOAD_BACK, TIER_PATHS, WRITE_POLICIES, TieredCache, TierStats, default_cost_model
 from .host import HostTier
 from .remote import HostDown, RemoteBackend, RemoteTier, SimulatedHosts
+from .redis_backend import RedisBackend
 from .stack import TierStack
 from .transfers import TransferLedger, TransferTotals
 
 __all__ = [
-    "Copy", "HostDown", "HostTier", "LOAD_BACK", "RemoteBackend", "RemoteHostError", "RemoteTier",
+    "Copy", "HostDown", "HostTier", "LOAD_BACK", "RedisBackend", "RemoteBackend", "RemoteHostError", "RemoteTier",
     "SimulatedHosts", "TIER_PATHS", "Tier", "TierConfigError", "TierStack", "TieredCache", "TierStats",
     "TransferLedger", "TransferTotals", "WRITE_POLICIES", "checksums", "default_cost_model",
 ]

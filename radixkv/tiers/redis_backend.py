@@ -1,0 +1,113 @@
+"""Remote hosts backed by Redis servers: one server is one remote host.
+
+Keys are ``<namespace>:<slot>``, one string value per page (its payload
+bytes, or a one-byte marker without payload), namespaced per cache instance
+so several caches can share servers. Capacity is enforced by
+:class:`~radixkv.tiers.remote.RemoteTier`, never by Redis eviction: run the
+servers without ``maxmemory`` eviction (or with ``noeviction``), or a page
+evicted by Redis shows up as a counted miss. Each transfer is one pipelined
+round trip per host (``SET``s or one ``MGET``), as LMCache's Redis connector
+batches.
+
+Needs redis-py: ``pip install radixkv[redis]``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import List, Optional, Sequence
+
+from .base import RemoteHostError, TierConfigError
+from .remote import HostDown
+
+
+def _redis():
+    try:
+        import redis
+    except ImportError:  # pragma: no cover - exercised only without the extra
+        raise TierConfigError("the Redis backend needs redis-py: pip install 'radixkv[redis]'") from None
+    return redis
+
+
+class RedisBackend:
+    """Byte storage on Redis servers, one per URL (``redis://host:port/db``).
+
+    Connects and pings every server at construction: an unreachable address
+    raises :class:`~radixkv.tiers.base.RemoteHostError` naming it. Later
+    failures (a server killed mid-replay) raise
+    :class:`~radixkv.tiers.remote.HostDown`, which the tier turns into misses.
+
+    Args:
+        urls: one Redis URL per remote host.
+        namespace: key prefix; default a fresh ``radixkv:<uuid>`` per instance.
+        timeout: socket connect/read timeout in seconds (a dead server costs at most this).
+    """
+
+    def __init__(self, urls: Sequence[str], namespace: Optional[str] = None, timeout: float = 2.0) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        urls = list(urls)
+        if not urls or not all(isinstance(u, str) and u for u in urls):
+            raise TierConfigError(f"urls must be a non-empty list of Redis URLs, got {urls!r}")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
+            raise TierConfigError(f"namespace must be a non-empty string, got {namespace!r}")
+        redis = _redis()
+        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        self.urls = urls
+        self.num_hosts = len(urls)
+        self.namespace = namespace or f"radixkv:{uuid.uuid4().hex[:16]}"
+        self._clients = []
+        for url in urls:
+            try:
+                client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+                client.ping()
+            except (ValueError, *self._errors) as exc:
+                for c in self._clients:
+                    c.close()
+                raise RemoteHostError(f"cannot reach Redis host {url!r}: {exc}") from None
+            self._clients.append(client)
+
+    def _key(self, slot: int) -> str:
+        return f"{self.namespace}:{slot}"
+
+    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> None:
+        try:
+            pipe = self._clients[host].pipeline(transaction=False)
+            for slot, value in zip(slots, values):
+                pipe.set(self._key(slot), value)
+            pipe.execute()
+        except self._errors as exc:
+            raise HostDown(host, exc) from None
+
+    def get(self, host: int, slots: Sequence[int]) -> List[Optional[bytes]]:
+        try:
+            return self._clients[host].mget([self._key(s) for s in slots])
+        except self._errors as exc:
+            raise HostDown(host, exc) from None
+
+    def delete(self, host: int, slots: Sequence[int]) -> None:
+        if not slots:
+            return
+        try:
+            self._clients[host].unlink(*[self._key(s) for s in slots])
+        except self._errors as exc:
+            raise HostDown(host, exc) from None
+
+    def clear(self) -> None:
+        """Delete this namespace's keys on every reachable server. O(keys)."""
+        for client in self._clients:
+            try:
+                keys = list(client.scan_iter(match=f"{self.namespace}:*", count=1000))
+                for i in range(0, len(keys), 1000):
+                    client.unlink(*keys[i: i + 1000])
+            except self._errors:
+                continue
+
+    def close(self) -> None:
+        """Delete this namespace's keys and close the connections."""
+        self.clear()
+        for client in self._clients:
+            client.close()
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self.urls!r}, namespace={self.namespace!r})"
