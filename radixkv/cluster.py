@@ -1,0 +1,443 @@
+"""A cluster of prefix caches that lend spare HBM to each other, in the style of Infinite-LLM.
+
+Each :class:`Instance` is a :class:`~radixkv.tiers.TieredCache` (its own HBM,
+optionally a host tier). With borrowing on, an instance's evicted pages first
+go to a :class:`BorrowedTier`: blocks lent by other instances, found through
+the :class:`GlobalManager` (Infinite-LLM's gManager):
+
+* instances report free blocks by heartbeat (after each request they serve);
+* a debtor asks for creditor candidates, most free first, a few at a time,
+  and borrows from the first that accepts; the manager records the debt;
+* a creditor refuses when its free blocks would fall below its low
+  watermark, when its lend cap is reached, when it is unavailable, or when it
+  is itself a debtor (no borrowing chains; a creditor does not borrow either);
+* a creditor short of memory recalls loans before serving a request: each
+  borrowed page moves to another creditor with room (the new block is
+  reserved before the copy) or is demoted to the debtor's next tier (host) or
+  dropped. The ledger (debt matrix) always equals the loans held.
+
+:class:`Cluster` routes requests (round robin, least loaded, cache-aware:
+longest cached prefix with load as tie-break) and replays traces.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .cache import Admission
+from .keys import check_positive_int
+from .traces import Request
+from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
+from .tiers.cache import TieredCache
+from .tiers.host import HostTier
+from .tree import Node
+
+ROUTING = ("round_robin", "least_loaded", "cache_aware")
+
+
+class BorrowedTier(Tier):
+    """Pages of one debtor held in blocks lent by other instances (slot = ``creditor * stride + block``).
+
+    Capacity is whatever creditors agree to lend; a slot is borrowed when a
+    page needs it and repaid when the page leaves, so the debt equals the
+    pages held, always.
+    """
+
+    kind = "borrowed"
+
+    def __init__(self, manager: "GlobalManager", debtor: int) -> None:
+        super().__init__("borrowed")
+        self.manager = manager
+        self.debtor = debtor
+        self.where: Dict[int, Node] = {}
+        """Slot -> spill-tree node holding it (for recalls)."""
+
+    @property
+    def capacity(self) -> int:
+        return self.used + self.manager.lendable(self.debtor)
+
+    def take(self, n: int) -> np.ndarray:
+        slots = self.manager.borrow(self.debtor, n)
+        self.used += len(slots)
+        return slots
+
+    def give(self, slots: np.ndarray) -> None:
+        self.used -= len(slots)
+        for s in slots.tolist():
+            self.where.pop(s, None)
+        self.manager.repay(self.debtor, slots)
+
+    def write(self, slots: np.ndarray, pages: Optional[np.ndarray]) -> np.ndarray:
+        if pages is not None:
+            self.manager.write(slots, pages)
+        return np.ones(len(slots), dtype=bool)
+
+    def read(self, slots: np.ndarray):
+        data = None if self.page_shape is None else self.manager.read(slots)
+        return data, np.ones(len(slots), dtype=bool)
+
+    def on_assign(self, node: Node) -> None:
+        for s in node.ext.slots.tolist():
+            self.where[s] = node
+
+    def on_release(self, node: Node) -> None:
+        for s in node.ext.slots.tolist():
+            self.where.pop(s, None)
+
+    def recall(self, slots: Sequence[int], creditor: int) -> Tuple[int, int]:
+        """Vacate ``slots`` (held at ``creditor``): move each page to another creditor, else demote it.
+
+        Returns ``(pages moved, pages demoted or dropped)``. The new block is
+        reserved before the copy, so a failed move loses nothing.
+        """
+        stack = self._owner._stack
+        index = stack.tiers.index(self)
+        moved = demoted = 0
+        for slot in slots:
+            node = self.where.get(int(slot))
+            if node is None:
+                continue
+            new = self.manager.borrow(self.debtor, 1, exclude=(creditor,))
+            if len(new):
+                i = int(np.flatnonzero(node.ext.slots == slot)[0])
+                if stack.has_payload:
+                    self.manager.write(new, self.manager.read(np.array([slot], dtype=SLOT_DTYPE)))
+                node.ext.slots[i] = new[0]
+                del self.where[int(slot)]
+                self.where[int(new[0])] = node
+                self.manager.repay(self.debtor, np.array([slot], dtype=SLOT_DTYPE))
+                moved += 1
+            else:  # demote this page and the rest of its run (unreachable without it)
+                i = int(np.flatnonzero(node.ext.slots == slot)[0])
+                if i:
+                    stack._split(node, i)
+                demoted += node.num_pages
+                stack.demote(index, node)
+        return moved, demoted
+
+    def check(self) -> None:
+        owed = int(self.manager.debt[self.debtor].sum())
+        assert owed == self.used, f"borrowed tier of {self.debtor} holds {self.used} pages, ledger says {owed}"
+        assert len(self.where) == self.used, f"borrowed tier of {self.debtor}: slot index has {len(self.where)}"
+
+
+class Instance:
+    """One serving instance: its cache, its borrowed tier (or ``None``), and load counters."""
+
+    def __init__(self, index: int, cache: TieredCache, borrowed: Optional[BorrowedTier]) -> None:
+        self.index = index
+        self.cache = cache
+        self.borrowed = borrowed
+        self.available = True
+        """False simulates a creditor that does not answer (it is skipped, never waited for)."""
+        self.requests = 0
+        self.prefill_tokens = 0
+        """Prompt tokens this instance computed (not served from cache): its load."""
+
+    def __repr__(self) -> str:
+        return f"Instance({self.index}, free={self.cache.num_free_blocks}, requests={self.requests})"
+
+
+class GlobalManager:
+    """The debt ledger and creditor search (Infinite-LLM's gManager).
+
+    Args:
+        instances: the cluster's instances (the list may be filled after construction).
+        num_instances: how many there will be; stride: slot stride (the largest ``num_blocks``).
+        lend_cap: share of an instance's blocks it may lend at once (0..1).
+        low_watermark: share of its blocks a creditor keeps free; it refuses below.
+        candidates: creditors asked per round.
+    """
+
+    def __init__(self, instances: List[Instance], num_instances: int, stride: int, lend_cap: float,
+                 low_watermark: float, candidates: int) -> None:
+        self.instances = instances
+        self.lend_cap = lend_cap
+        self.low_watermark = low_watermark
+        self.candidates = candidates
+        n = num_instances
+        self.stride = stride
+        self.reported_free = [0] * n
+        self.debt = np.zeros((n, n), dtype=np.int64)
+        """``debt[d, c]``: blocks debtor ``d`` holds at creditor ``c``."""
+        self.loans: List[Dict[int, int]] = [{} for _ in range(n)]
+        self.blocks_lent = 0
+        """Blocks lent, counted at each loan (monotonic)."""
+        self.refusals = 0
+        self.recalled = 0
+        self.moved = 0
+        self.demoted = 0
+
+    def heartbeat(self, index: int) -> None:
+        """Instance ``index`` reports its free blocks. O(1)."""
+        self.reported_free[index] = self.instances[index].cache.num_free_blocks
+
+    def lent(self, creditor: int) -> int:
+        return len(self.loans[creditor])
+
+    def owed(self, debtor: int) -> int:
+        return int(self.debt[debtor].sum())
+
+    def _room(self, creditor: int) -> int:
+        inst = self.instances[creditor]
+        cache = inst.cache
+        floor = math.ceil(self.low_watermark * cache.num_blocks)
+        cap = int(self.lend_cap * cache.num_blocks) - self.lent(creditor)
+        return max(0, min(cache.num_free_blocks - floor, cap))
+
+    def lendable(self, debtor: int) -> int:
+        """Blocks creditors would lend ``debtor`` now (reported view). O(instances)."""
+        if self.lent(debtor):
+            return 0
+        return sum(self._room(c) for c in range(len(self.instances))
+                   if c != debtor and not self.owed(c) and self.instances[c].available)
+
+    def creditors(self, debtor: int, exclude: Sequence[int] = ()) -> Iterator[List[int]]:
+        """Candidate creditors, most reported-free first, in rounds of :attr:`candidates`."""
+        order = sorted((c for c in range(len(self.instances))
+                        if c != debtor and c not in exclude and not self.owed(c)),
+                       key=lambda c: (-self.reported_free[c], c))
+        for i in range(0, len(order), self.candidates):
+            yield order[i: i + self.candidates]
+
+    def borrow(self, debtor: int, n: int, exclude: Sequence[int] = ()) -> np.ndarray:
+        """Up to ``n`` slots lent to ``debtor``; refusals just move on (nobody waits). O(instances)."""
+        if n <= 0 or self.lent(debtor):  # a creditor does not borrow: no chains
+            return np.empty(0, dtype=SLOT_DTYPE)
+        parts = []
+        got = 0
+        for group in self.creditors(debtor, exclude):
+            for c in group:
+                m = min(n - got, self._room(c)) if self.instances[c].available else 0
+                if m <= 0:
+                    self.refusals += 1
+                    continue
+                blocks = self.instances[c].cache.allocate(m)
+                for b in blocks.tolist():
+                    self.loans[c][b] = debtor
+                self.debt[debtor, c] += m
+                self.blocks_lent += m
+                self.heartbeat(c)
+                parts.append(blocks.astype(SLOT_DTYPE) + c * self.stride)
+                got += m
+                if got >= n:
+                    return np.concatenate(parts)
+        return np.concatenate(parts) if parts else np.empty(0, dtype=SLOT_DTYPE)
+
+    def repay(self, debtor: int, slots: np.ndarray) -> None:
+        """Give lent blocks back to their creditors."""
+        for c, blocks in self._by_creditor(slots):
+            for b in blocks.tolist():
+                del self.loans[c][b]
+            self.debt[debtor, c] -= len(blocks)
+            self.instances[c].cache.free(blocks)
+
+    def read(self, slots: np.ndarray) -> Optional[np.ndarray]:
+        parts = [(idx, self.instances[c].cache.read(blocks)) for c, blocks, idx in self._by_creditor(slots, True)]
+        if not parts or parts[0][1] is None:
+            return None
+        out = np.empty((len(slots), *parts[0][1].shape[1:]), dtype=parts[0][1].dtype)
+        for idx, data in parts:
+            out[idx] = data
+        return out
+
+    def write(self, slots: np.ndarray, pages: np.ndarray) -> None:
+        for c, blocks, idx in self._by_creditor(slots, True):
+            self.instances[c].cache.write(blocks, pages[idx])
+
+    def recall(self, creditor: int, n: int) -> int:
+        """Free up to ``n`` blocks lent by ``creditor``: move or demote the pages in them; return blocks freed."""
+        slots = list(self.loans[creditor].items())[:n]
+        by_debtor: Dict[int, List[int]] = {}
+        for block, debtor in slots:
+            by_debtor.setdefault(debtor, []).append(creditor * self.stride + block)
+        before = self.lent(creditor)
+        for debtor, gids in by_debtor.items():
+            moved, demoted = self.instances[debtor].borrowed.recall(gids, creditor)
+            self.moved += moved
+            self.demoted += demoted
+        freed = before - self.lent(creditor)
+        self.recalled += freed
+        self.heartbeat(creditor)
+        return freed
+
+    def _by_creditor(self, slots: np.ndarray, with_index: bool = False):
+        creditors = slots // self.stride
+        for c in np.unique(creditors).tolist():
+            idx = np.flatnonzero(creditors == c)
+            blocks = (slots[idx] % self.stride).astype(np.int32)
+            yield (c, blocks, idx) if with_index else (c, blocks)
+
+    def check(self) -> None:
+        """The ledger equals the loans, every loan is a held block, and no instance both lends and borrows."""
+        n = len(self.instances)
+        counted = np.zeros((n, n), dtype=np.int64)
+        for c, loans in enumerate(self.loans):
+            for debtor in loans.values():
+                counted[debtor, c] += 1
+            if loans:
+                blocks = np.fromiter(loans, dtype=np.int32, count=len(loans))
+                states = self.instances[c].cache._pool.states(blocks)
+                assert np.all(states == 1), f"instance {c} lent blocks that are not held"
+        assert np.array_equal(counted, self.debt), "debt ledger differs from the loans held"
+        for i in range(n):
+            assert not (self.debt[i].sum() and self.debt[:, i].sum()), f"instance {i} both borrows and lends"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterResult:
+    """Totals of a cluster replay.
+
+    Attributes:
+        routing: routing policy; borrowing: whether instances lend memory.
+        instances: instance count; num_blocks: HBM blocks per instance.
+        requests, prompt_tokens, hit_tokens, token_hit_rate: as :class:`~radixkv.replay.ReplayResult`.
+        hit_tokens_by_tier: hits per tier, summed over instances.
+        requests_by_instance: requests each instance served.
+        blocks_lent / bytes_lent: blocks lent over the replay (counted per loan) and their bytes.
+        blocks_recalled, blocks_moved, pages_demoted_on_recall, refusals: recall and refusal counts.
+        bytes_by_link: bytes moved per link, summed over instances.
+        wall_seconds: replay time.
+    """
+
+    routing: str
+    borrowing: bool
+    instances: int
+    num_blocks: int
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    hit_tokens_by_tier: Dict[str, int]
+    requests_by_instance: List[int]
+    blocks_lent: int
+    bytes_lent: int
+    blocks_recalled: int
+    blocks_moved: int
+    pages_demoted_on_recall: int
+    refusals: int
+    bytes_by_link: Dict[str, int]
+    wall_seconds: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Cluster:
+    """``num_instances`` caches of ``num_blocks`` HBM blocks each, a global manager, and a router.
+
+    >>> cluster = Cluster(2, num_blocks=8, page_size=2, routing="cache_aware")
+    >>> i, a = cluster.admit([1, 2, 3, 4]); a.release()
+    >>> cluster.admit([1, 2, 3, 4, 5, 6])[1].hit_tokens     # routed to the instance holding the prefix
+    4
+
+    Args:
+        num_instances: instances; num_blocks: HBM blocks each; page_size, policy: as PrefixCache.
+        host_blocks: host-tier blocks per instance (0: none).
+        borrowing: lend spare HBM between instances (Infinite-LLM).
+        routing: ``"round_robin"``, ``"least_loaded"`` or ``"cache_aware"``.
+        lend_cap, low_watermark, candidates: creditor rules (see :class:`GlobalManager`).
+        kv_shape, dtype: payloads (``None``: simulation only).
+        load_back: as :class:`~radixkv.tiers.TieredCache` (default ``"always"``).
+    """
+
+    def __init__(self, num_instances: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
+                 host_blocks: int = 0, borrowing: bool = False, routing: str = "round_robin",
+                 lend_cap: float = 0.5, low_watermark: float = 0.05, candidates: int = 2,
+                 kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
+                 load_back: str = "always") -> None:
+        num_instances = check_positive_int(num_instances, "num_instances")
+        check_positive_int(num_blocks, "num_blocks")
+        check_positive_int(host_blocks, "host_blocks", allow_zero=True)
+        if routing not in ROUTING:
+            raise TierConfigError(f"routing must be one of {', '.join(ROUTING)}, got {routing!r}")
+        for name, value in (("lend_cap", lend_cap), ("low_watermark", low_watermark)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise TierConfigError(f"{name} must be a number in [0, 1], got {value!r}")
+        check_positive_int(candidates, "candidates")
+        self.routing = routing
+        self.borrowing = bool(borrowing)
+        self.instances: List[Instance] = []
+        self.manager = GlobalManager(self.instances, num_instances, num_blocks, lend_cap, low_watermark, candidates)
+        for i in range(num_instances):
+            borrowed = BorrowedTier(self.manager, i) if borrowing else None
+            tiers: List[Tier] = [t for t in (borrowed, HostTier(host_blocks, policy) if host_blocks else None) if t]
+            cache = TieredCache(num_blocks, page_size, policy, kv_shape, dtype, tiers=tiers, load_back=load_back)
+            self.instances.append(Instance(i, cache, borrowed))
+        for i in range(num_instances):
+            self.manager.heartbeat(i)
+        self._next = 0
+        self.page_size = page_size
+
+    # ------------------------------------------------------------------ routing
+    def route(self, tokens, namespace: Optional[str] = None) -> int:
+        """The instance that should serve ``tokens`` under this cluster's routing policy."""
+        n = len(self.instances)
+        if self.routing == "round_robin":
+            i = self._next
+            self._next = (i + 1) % n
+            return i
+        if self.routing == "least_loaded":
+            return min(range(n), key=lambda i: (self.instances[i].prefill_tokens, i))
+        best = None
+        for inst in self.instances:
+            hbm, lower = inst.cache.peek(tokens, namespace=namespace)
+            key = (-(hbm + lower), inst.prefill_tokens, inst.index)
+            if best is None or key < best[0]:
+                best = (key, inst.index)
+        return best[1]
+
+    def admit(self, tokens, *, namespace: Optional[str] = None) -> Tuple[int, Admission]:
+        """Route and admit one request; returns ``(instance index, admission)``. Release it when done."""
+        i = self.route(tokens, namespace)
+        inst = self.instances[i]
+        cache = inst.cache
+        if self.borrowing and self.manager.lent(i):
+            cached = sum(cache.peek(tokens, namespace=namespace))
+            short = len(tokens) // self.page_size - cached - cache.num_free_blocks
+            if short > 0:
+                self.manager.recall(i, short)
+        admission = cache.admit(tokens, namespace=namespace)
+        inst.requests += 1
+        inst.prefill_tokens += len(tokens) - admission.hit_tokens
+        self.manager.heartbeat(i)
+        return i, admission
+
+    def replay(self, requests: Iterable[Request]) -> ClusterResult:
+        """Replay ``requests`` in order, each admitted and released at once; return the totals."""
+        start = time.perf_counter()
+        prompt = hits = count = 0
+        for request in requests:
+            _, a = self.admit(request.tokens, namespace=request.namespace)
+            a.release()
+            prompt += len(request.tokens)
+            hits += a.hit_tokens
+            count += 1
+        by_tier: Dict[str, int] = {}
+        links: Dict[str, int] = {}
+        for inst in self.instances:
+            for k, v in inst.cache.hit_tokens_by_tier.items():
+                by_tier[k] = by_tier.get(k, 0) + v
+            for k, v in inst.cache.transfers.bytes_by_link.items():
+                links[k] = links.get(k, 0) + v
+        m = self.manager
+        page_bytes = self.instances[0].cache._stack.page_bytes
+        return ClusterResult(
+            routing=self.routing, borrowing=self.borrowing, instances=len(self.instances),
+            num_blocks=self.instances[0].cache.num_blocks, requests=count, prompt_tokens=prompt,
+            hit_tokens=hits, token_hit_rate=hits / prompt if prompt else 0.0, hit_tokens_by_tier=by_tier,
+            requests_by_instance=[inst.requests for inst in self.instances], blocks_lent=m.blocks_lent,
+            bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
+            pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
+            wall_seconds=time.perf_counter() - start)
+
+    def check(self) -> None:
+        """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers) and the ledger. O(n)."""
+        for inst in self.instances:
+            inst.cache.check()
+        self.manager.check()
