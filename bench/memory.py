@@ -1,0 +1,79 @@
+"""Python-heap bytes per cached page (tracemalloc), keys and tree included, payloads excluded.
+
+    python bench/memory.py [--pages 1000000] [--page-size 16]
+
+Two tree shapes at the same page count:
+
+* ``chat``: multi-turn sessions that extend their own history (long shared
+  chains; the shape of the Mooncake traces);
+* ``fanout``: every request shares a short system prompt, then diverges after
+  a few pages (many short leaves: the worst realistic shape).
+
+Only allocations made by radixkv's own code are counted (the workload's token
+arrays are not); the block pool's fixed arrays are allocated before the
+baseline and excluded too, as the payload would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tracemalloc
+
+import numpy as np
+
+from radixkv import PrefixCache
+
+ROOTS = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) for d in ("radixkv", "policies")]
+
+
+def _traced(snapshot: tracemalloc.Snapshot) -> int:
+    filters = [tracemalloc.Filter(True, root + os.sep + "*") for root in ROOTS]
+    return sum(stat.size for stat in snapshot.filter_traces(filters).statistics("filename"))
+
+
+def measure(shape: str, pages: int, page_size: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    tracemalloc.start(1)
+    cache = PrefixCache(pages, page_size)
+    before = _traced(tracemalloc.take_snapshot())
+    target = pages - pages // 1000
+    if shape == "chat":
+        sessions = [rng.integers(0, 50_000, size=page_size * 8, dtype=np.uint32) for _ in range(4000)]
+        while cache.num_cached_blocks < target:
+            i = int(rng.integers(len(sessions)))
+            turn = rng.integers(0, 50_000, size=page_size * int(rng.integers(4, 40)), dtype=np.uint32)
+            sessions[i] = np.concatenate([sessions[i], turn])
+            cache.admit(sessions[i]).release()
+    elif shape == "fanout":
+        system = rng.integers(0, 50_000, size=page_size * 4, dtype=np.uint32)
+        while cache.num_cached_blocks < target:
+            tail = rng.integers(0, 50_000, size=page_size * int(rng.integers(1, 8)), dtype=np.uint32)
+            cache.admit(np.concatenate([system, tail])).release()
+    else:
+        raise ValueError(f"shape must be 'chat' or 'fanout', got {shape!r}")
+    after = _traced(tracemalloc.take_snapshot())
+    tracemalloc.stop()
+    nodes = sum(1 for _ in cache._tree.nodes())
+    return {"shape": shape, "page_size": page_size, "pages": cache.num_cached_blocks, "nodes": nodes,
+            "pages_per_node": round(cache.num_cached_blocks / nodes, 2),
+            "bytes_per_page": round((after - before) / cache.num_cached_blocks, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=1_000_000)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    for shape in ("chat", "fanout"):
+        line = json.dumps(measure(shape, args.pages, args.page_size))
+        print(line)
+        if args.out:
+            with open(args.out, "a") as fh:
+                fh.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
