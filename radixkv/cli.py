@@ -84,15 +84,47 @@ def main() -> None:
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Host-DRAM tier capacity in blocks (0: none).")
+@click.option("--write-policy", default="write_back", show_default=True,
+              type=click.Choice(["write_back", "write_through", "write_through_selective"]),
+              help="How pages reach the lower tiers.")
+@click.option("--remote-hosts", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Simulated remote hosts (0: none).")
+@click.option("--remote-blocks", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Blocks per remote host.")
+@click.option("--redis", "redis_urls", multiple=True, metavar="URL",
+              help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
+@click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
+              help="Load lower-tier hits when transfer beats recompute, always, or never.")
 @user_errors
-def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_json, quiet) -> None:
-    """Replay TRACE (token or Mooncake JSONL) through one cache and report hit rates."""
+def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_json, quiet,
+               host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls, load_back) -> None:
+    """Replay TRACE (token or Mooncake JSONL) through one cache and report hit rates.
+
+    With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the JSON then
+    adds hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
+    from .tiers.config import build_cache
+
     reader = TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)
-    cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, policy=policy)
-    with progress(limit, quiet, "replay") as bar:
-        result = replay(reader, cache, on_request=lambda r, h: bar.update())
+    cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
+                        remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
+                        load_back=load_back)
+    try:
+        with progress(limit, quiet, "replay") as bar:
+            result = replay(reader, cache, on_request=lambda r, h: bar.update())
+    finally:
+        if hasattr(cache, "close"):
+            cache.close()
     out = result.as_dict()
     out["skipped_lines"] = reader.skipped
+    if hasattr(cache, "tier_stats"):
+        stats = cache.tier_stats().as_dict()
+        out.update(write_policy=write_policy, host_blocks=host_blocks,
+                   remote_hosts=len(redis_urls) or remote_hosts, remote_blocks=remote_blocks,
+                   **{k: stats[k] for k in ("hit_tokens_by_tier", "bytes_by_link", "bytes_by_route",
+                                            "transfer_seconds", "recomputed_tokens", "integrity_misses",
+                                            "dropped_pages", "lost_pages")})
     if as_json:
         click.echo(json.dumps(out))
     else:
@@ -128,6 +160,42 @@ def demo_cmd(num_requests, seed, page_size, quiet) -> None:
             rows.append(result.as_dict())
     click.echo(format_table(rows, ["policy", "num_blocks", "requests", "hit_tokens", "token_hit_rate",
                                    "evicted_blocks", "wall_seconds"]))
+
+
+@main.command("cluster")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--instances", default=4, show_default=True, type=int, callback=positive, help="Serving instances.")
+@click.option("--num-blocks", required=True, type=int, callback=positive, help="HBM blocks per instance.")
+@click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Host-tier blocks per instance (0: none).")
+@click.option("--routing", default="round_robin", show_default=True,
+              type=click.Choice(["round_robin", "least_loaded", "cache_aware"]), help="Request routing.")
+@click.option("--borrowing/--no-borrowing", default=False, show_default=True,
+              help="Lend spare HBM between instances (Infinite-LLM).")
+@click.option("--lend-cap", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of its blocks an instance may lend.")
+@click.option("--low-watermark", default=0.05, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of its blocks a creditor keeps free.")
+@click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
+@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="Trace format (default: detect).")
+@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
+@user_errors
+def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, lend_cap, low_watermark,
+                policy, page_size, fmt, limit, skip_bad, as_json) -> None:
+    """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
+    from .cluster import Cluster
+
+    cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
+                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
+    out = cluster.replay(TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)).as_dict()
+    if as_json:
+        click.echo(json.dumps(out))
+    else:
+        click.echo(format_table([out], ["routing", "borrowing", "instances", "num_blocks", "requests",
+                                        "hit_tokens", "token_hit_rate", "bytes_lent", "wall_seconds"]))
 
 
 def result_row(result: ReplayResult) -> dict:
