@@ -17,7 +17,8 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
   dropped. The ledger (debt matrix) always equals the loans held.
 
 :class:`Cluster` routes requests (round robin, least loaded, cache-aware:
-longest cached prefix with load as tie-break) and replays traces.
+longest cached prefix with load as tie-break, among instances within a load
+bound of the least loaded) and replays traces.
 """
 
 from __future__ import annotations
@@ -344,13 +345,15 @@ class Cluster:
         lend_cap, low_watermark, candidates: creditor rules (see :class:`GlobalManager`).
         kv_shape, dtype: payloads (``None``: simulation only).
         load_back: as :class:`~radixkv.tiers.TieredCache` (default ``"always"``).
+        balance: cache-aware routing considers only instances whose load (prefill tokens
+            computed) is at most ``(1 + balance)`` x the least loaded one's plus this request.
     """
 
     def __init__(self, num_instances: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
                  host_blocks: int = 0, borrowing: bool = False, routing: str = "round_robin",
                  lend_cap: float = 0.5, low_watermark: float = 0.05, candidates: int = 2,
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
-                 load_back: str = "always") -> None:
+                 load_back: str = "always", balance: float = 0.1) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -360,6 +363,9 @@ class Cluster:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise TierConfigError(f"{name} must be a number in [0, 1], got {value!r}")
         check_positive_int(candidates, "candidates")
+        if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
+            raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
+        self.balance = balance
         self.routing = routing
         self.borrowing = bool(borrowing)
         self.instances: List[Instance] = []
@@ -384,8 +390,14 @@ class Cluster:
             return i
         if self.routing == "least_loaded":
             return min(range(n), key=lambda i: (self.instances[i].prefill_tokens, i))
+        # Cache-aware among instances not overloaded: a prefix every request shares (a system
+        # prompt) must not pull the whole trace to one instance.
+        floor = min(inst.prefill_tokens for inst in self.instances)
+        bound = floor * (1 + self.balance) + len(tokens)
         best = None
         for inst in self.instances:
+            if inst.prefill_tokens > bound:
+                continue
             hbm, lower = inst.cache.peek(tokens, namespace=namespace)
             key = (-(hbm + lower), inst.prefill_tokens, inst.index)
             if best is None or key < best[0]:

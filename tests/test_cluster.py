@@ -142,12 +142,19 @@ def test_round_robin_and_least_loaded_spread_requests():
 
 
 def test_cache_aware_routes_to_the_longest_prefix_then_least_loaded():
-    cluster = Cluster(3, num_blocks=8, page_size=PS, routing="cache_aware")
-    serve(cluster, [1, 1, 2, 2])
-    serve(cluster, [3, 3, 4, 4, 5, 5])
-    assert cluster.route([3, 3, 4, 4, 9, 9]) == cluster.route([3, 3])
+    cluster = Cluster(2, num_blocks=8, page_size=PS, routing="cache_aware", balance=10.0)
+    serve(cluster, [1, 1, 2, 2])  # -> 0
+    serve(cluster, [3, 3, 4, 4, 5, 5])  # -> 1, the idle one
+    assert cluster.route([3, 3, 4, 4, 9, 9]) == 1
     assert serve(cluster, [3, 3, 4, 4, 9, 9]) == 4
-    assert cluster.route([7, 7]) == 2  # no prefix anywhere: the idle instance
+    assert cluster.route([7, 7]) == 0  # no prefix anywhere: the less loaded instance
+
+
+def test_cache_aware_does_not_send_everything_to_one_instance():
+    cluster = Cluster(2, num_blocks=64, page_size=PS, routing="cache_aware", balance=0.0)
+    for t in range(20):
+        serve(cluster, [9, 9, 9, 9, t, t, t, t])  # every request shares the first two pages
+    assert min(i.requests for i in cluster.instances) >= 8
 
 
 def test_replay_reports_totals():
@@ -166,6 +173,7 @@ def test_replay_reports_totals():
     (dict(lend_cap=1.5), TierConfigError),
     (dict(low_watermark=-0.1), TierConfigError),
     (dict(candidates=0), ValueError),
+    (dict(balance=-1), TierConfigError),
 ])
 def test_bad_cluster_arguments(kwargs, error):
     args = dict(num_instances=2, num_blocks=4, page_size=PS)
