@@ -15,12 +15,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import policies as _policies
 from .errors import InvalidBlocksError, LockError, RadixKVError, StaleHandleError
+from .events import EventLog, KVCacheEvent, make_event_log
+from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_positive_int
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree
@@ -143,6 +145,9 @@ class PrefixCache:
         kv_shape: per-token payload shape, e.g. ``(layers, 2, kv_heads, head_dim)``;
             ``None`` keeps no payload (pure simulation).
         dtype: payload dtype.
+        enable_events: record KV events (:mod:`radixkv.events`) for :meth:`take_events`;
+            a :class:`~radixkv.hashing.BlockHasher` also picks the hash function and seed.
+            Off by default, and then free.
     """
 
     _spill = None
@@ -156,6 +161,7 @@ class PrefixCache:
         policy: Union[str, "_policies.EvictionPolicy"] = "lru",
         kv_shape: Optional[Sequence[int]] = None,
         dtype: Any = "float16",
+        enable_events: Union[bool, BlockHasher] = False,
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
         page_size = check_positive_int(page_size, "page_size")
@@ -180,6 +186,7 @@ class PrefixCache:
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
         self._expiry_seq = itertools.count()
         self._policy.attach(self)
+        self._events: Optional[EventLog] = make_event_log(self, enable_events)
 
     # ------------------------------------------------------------------ counters
     @property
@@ -478,6 +485,8 @@ class PrefixCache:
             assert node.lock_ref >= count, f"pinned node {node} has lock_ref {node.lock_ref} < {count} pins"
         for node in self._expiry:
             assert node.alive and node.retention > 0, f"{node} has an expiry but retention {node.retention}"
+        if self._events is not None:
+            self._events.check()
 
     def reset(self) -> None:
         """Drop every cached page (blocks back to the pool). Raises if anything is protected."""
@@ -493,6 +502,21 @@ class PrefixCache:
         self._cached = 0
         self._expiry.clear()
         self._expiry_heap.clear()
+        if self._events is not None:
+            self._events.cleared()
+
+    # ------------------------------------------------------------------ events
+    @property
+    def event_log(self) -> Optional[EventLog]:
+        """The event recorder and page-hash index, or ``None`` without ``enable_events``."""
+        return self._events
+
+    def take_events(self) -> List[KVCacheEvent]:
+        """KV events recorded since the last call, oldest first (see :mod:`radixkv.events`).
+
+        Always empty for a cache created without ``enable_events``. O(1).
+        """
+        return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ internals
     def _pages(self, tokens: TokensLike):
@@ -548,6 +572,8 @@ class PrefixCache:
             self._victims.discard(node)
         self._policy.on_insert(leaf, now)
         self._rank(leaf)
+        if self._events is not None:
+            self._events.stored(leaf)
         return leaf
 
     def _admit_pages(self, node: Node, n: int, now: int) -> int:
@@ -617,6 +643,8 @@ class PrefixCache:
                 k = min(k, run)
             k = min(k, n - freed)
             policy.on_evict(node, victims.peek_key()[1])
+            if self._events is not None:
+                self._events.removed(node.blocks[node.num_pages - k :])
             if spill is not None:  # a tier layer demotes the pages instead of dropping them
                 spill(node, k)
             pool.give_back(tree.truncate(node, k))

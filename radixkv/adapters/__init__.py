@@ -1,0 +1,16 @@
+"""Engine-shaped faces of :class:`~radixkv.PrefixCache`.
+
+* :mod:`radixkv.adapters.sglang`: :class:`~radixkv.adapters.sglang.RadixKVCache`,
+  a drop-in for SGLang's ``RadixCache`` (the ``BasePrefixCache`` method set),
+  mapping SGLang's token-slot indices onto radixkv pages.
+* :mod:`radixkv.adapters.vllm`: :class:`~radixkv.adapters.vllm.VLLMBlockView`,
+  lookup of cached pages by vLLM-compatible chained block hashes.
+
+Neither imports its engine: both work on duck-typed objects, so they are
+usable (and tested) without SGLang or vLLM installed.
+"""
+
+from .sglang import RadixKey, RadixKVCache
+from .vllm import VLLMBlockView
+
+__all__ = ["RadixKey", "RadixKVCache", "VLLMBlockView"]

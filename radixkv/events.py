@@ -1,0 +1,344 @@
+"""KV cache events: what a KV-aware router needs to know about cached pages.
+
+Field names and order follow SGLang's ``sglang/srt/disaggregation/kv_events.py``
+(``BlockStored(block_hashes, parent_block_hash, token_ids, block_size,
+lora_id, medium)``, ``BlockRemoved(block_hashes, medium)``,
+``AllBlocksCleared()``) and vLLM's ``vllm/distributed/kv_events.py``, which
+adds ``lora_name`` and ``extra_keys`` to ``BlockStored``; so a consumer written
+for either (Dynamo's KV router, say) reads radixkv's events unchanged.
+Hashes are the 64-bit integer form of radixkv's vLLM-compatible chained page
+hashes (:func:`radixkv.hashing.external_block_hash`).
+
+Tier moves have no counterpart in either engine; radixkv adds
+:class:`BlockDemoted` and :class:`BlockPromoted`, emitted by the tier layer,
+each convertible to the remove + store pair an older consumer expects
+(:meth:`BlockDemoted.as_store_remove`).
+
+:class:`EventLog` is the engine-side recorder. A :class:`~radixkv.PrefixCache`
+created with ``enable_events=True`` owns one and calls it at every point where
+pages enter or leave the cache; created without, it holds ``None`` and pays a
+single ``is not None`` test at those points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .hashing import BlockHash, BlockHasher, external_block_hash
+from .keys import TOKEN_DTYPE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cache import PrefixCache
+    from .tree import Node
+
+ExternalBlockHash = Union[int, bytes]
+
+MEDIUM_GPU = "GPU"
+"""Device memory (HBM): where :class:`~radixkv.PrefixCache`'s own blocks live."""
+MEDIUM_CPU = "CPU"
+"""Host memory."""
+MEDIUM_DISK = "DISK"
+"""Local disk."""
+MEDIUM_REMOTE = "REMOTE"
+"""A remote or shared store."""
+
+TIER_MEDIUM: Dict[str, str] = {"device": MEDIUM_GPU, "host": MEDIUM_CPU, "disk": MEDIUM_DISK, "remote": MEDIUM_REMOTE}
+"""The ``medium`` string of each radixkv tier name."""
+
+
+class KVCacheEvent:
+    """Base class of every event (a tagged union, tagged by class name as msgspec does)."""
+
+    __slots__ = ()
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The event as a plain dict with a ``"type"`` tag (the class name)."""
+        out: Dict[str, Any] = {"type": type(self).__name__}
+        out.update(asdict(self))  # type: ignore[call-overload]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored(KVCacheEvent):
+    """Pages became cached on ``medium``.
+
+    Attributes:
+        block_hashes: one hash per page, in order; each chains on the previous.
+        parent_block_hash: hash of the page before the first one, ``None`` at a sequence start.
+        token_ids: the tokens of all these pages, concatenated.
+        block_size: tokens per page.
+        lora_id: always ``None`` (radixkv keys adapters by namespace; see ``extra_keys``).
+        medium: where the pages are, e.g. ``"GPU"``.
+        lora_name: always ``None`` (as above).
+        extra_keys: the extra keys hashed into each page (``(namespace,)`` on a
+            namespaced sequence's first page, else ``None``); ``None`` when all are.
+    """
+
+    block_hashes: List[ExternalBlockHash]
+    parent_block_hash: Optional[ExternalBlockHash]
+    token_ids: List[int]
+    block_size: int
+    lora_id: Optional[int] = None
+    medium: Optional[str] = MEDIUM_GPU
+    lora_name: Optional[str] = None
+    extra_keys: Optional[List[Optional[Tuple[Any, ...]]]] = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved(KVCacheEvent):
+    """Pages left ``medium`` (evicted, or their copy there was dropped)."""
+
+    block_hashes: List[ExternalBlockHash]
+    medium: Optional[str] = MEDIUM_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared(KVCacheEvent):
+    """Every page of the cache was dropped (``reset``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _TierMove(KVCacheEvent):
+    block_hashes: List[ExternalBlockHash]
+    parent_block_hash: Optional[ExternalBlockHash]
+    token_ids: List[int]
+    block_size: int
+    medium: str
+    source_medium: str
+
+    def as_store_remove(self) -> List[KVCacheEvent]:
+        """The same move as ``BlockRemoved`` at the source and ``BlockStored`` at the target.
+
+        For consumers that only know SGLang's/vLLM's three events (SGLang's
+        hierarchical cache reports a host copy exactly this way).
+        """
+        return [
+            BlockRemoved(list(self.block_hashes), medium=self.source_medium),
+            BlockStored(list(self.block_hashes), self.parent_block_hash, list(self.token_ids),
+                        self.block_size, medium=self.medium),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockDemoted(_TierMove):
+    """Pages moved down a tier (e.g. GPU -> CPU): now on ``medium``, gone from ``source_medium``.
+
+    Same fields as :class:`BlockStored` minus the LoRA ones, plus ``source_medium``.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPromoted(_TierMove):
+    """Pages moved up a tier (e.g. CPU -> GPU): now on ``medium``, gone from ``source_medium``."""
+
+
+EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared, BlockDemoted, BlockPromoted)
+
+
+def event_field_names(cls: type) -> Tuple[str, ...]:
+    """Field names of an event class, in wire order."""
+    return tuple(f.name for f in fields(cls))
+
+
+# ------------------------------------------------------------------ recorder
+class EventLog:
+    """Engine-side event recorder and page-hash index of one :class:`~radixkv.PrefixCache`.
+
+    Keeps the chained hash of every cached block (``block -> hash``) and the
+    reverse index (``hash -> block``), so eviction reports hashes in O(1) per
+    page and :class:`radixkv.adapters.vllm.VLLMBlockView` can look pages up by
+    hash. Only the engine mutates it, from the owner thread.
+
+    Cost: one SHA-256 per stored page, O(1) per removed page; memory about
+    100 bytes per cached page.
+    """
+
+    __slots__ = ("_cache", "hasher", "_events", "_block_hash", "_index", "_root_ns", "_page_bytes")
+
+    def __init__(self, cache: "PrefixCache", hasher: Optional[BlockHasher] = None) -> None:
+        self._cache = cache
+        self.hasher = hasher if hasher is not None else BlockHasher()
+        self._events: List[KVCacheEvent] = []
+        self._block_hash: List[Optional[BlockHash]] = [None] * cache.num_blocks
+        self._index: Dict[BlockHash, int] = {}
+        self._root_ns: Dict[int, Hashable] = {}
+        self._page_bytes = cache.page_size * TOKEN_DTYPE.itemsize
+
+    # ------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        """Events waiting to be taken."""
+        return len(self._events)
+
+    def take(self) -> List[KVCacheEvent]:
+        """Every event recorded since the last call, oldest first; clears the log. O(1)."""
+        events, self._events = self._events, []
+        return events
+
+    def lookup(self, block_hash: BlockHash) -> Optional[int]:
+        """The cached block holding the page with full hash ``block_hash``, or ``None``. O(1)."""
+        return self._index.get(block_hash)
+
+    def block_hash(self, block: int) -> Optional[BlockHash]:
+        """Full hash of the page cached in ``block``, or ``None`` if the block holds no cached page."""
+        return self._block_hash[block]
+
+    def page_hashes(self, node: "Node") -> List[BlockHash]:
+        """Full hashes of every page of ``node``, in order. Cost: O(pages of node), or O(depth) on a miss.
+
+        Uses the parent's indexed last-page hash when there is one, else
+        recomputes the chain from the root's tokens (pages on another tier).
+        """
+        parent_hash, first = self._parent_hash(node)
+        return self.hasher.chain(self._tokens(node), parent_hash, node.start, self._namespace(node) if first else None)
+
+    # ------------------------------------------------------------ engine hooks
+    def stored(self, leaf: "Node") -> None:
+        """``leaf`` was just added holding newly cached pages: index them, emit ``BlockStored``."""
+        parent_hash, first = self._parent_hash(leaf)
+        namespace = self._namespace(leaf) if first else None
+        tokens = self._tokens(leaf)
+        hashes = self.hasher.chain(tokens, parent_hash, leaf.start, namespace)
+        table, index = self._block_hash, self._index
+        for block, h in zip(leaf.blocks.tolist(), hashes):
+            table[block] = h
+            index[h] = block
+        extra = None
+        if namespace is not None:
+            extra = [(namespace,)] + [None] * (len(hashes) - 1)
+        self._events.append(BlockStored(
+            [external_block_hash(h) for h in hashes],
+            external_block_hash(parent_hash) if parent_hash is not None else None,
+            tokens.ravel().tolist(), self._cache.page_size, None, MEDIUM_GPU, None, extra))
+
+    def removed(self, blocks: np.ndarray) -> None:
+        """Cached ``blocks`` are about to go back to the pool: unindex them, emit ``BlockRemoved``."""
+        table, index = self._block_hash, self._index
+        out = []
+        for block in blocks.tolist():
+            h = table[block]
+            if h is None:  # not indexed (e.g. moved by a tier layer without telling us)
+                continue
+            table[block] = None
+            index.pop(h, None)
+            out.append(external_block_hash(h))
+        if out:
+            self._events.append(BlockRemoved(out, MEDIUM_GPU))
+
+    def cleared(self) -> None:
+        """Every page was dropped: clear the index, emit ``AllBlocksCleared``."""
+        self._block_hash = [None] * len(self._block_hash)
+        self._index.clear()
+        self._root_ns.clear()
+        self._events.append(AllBlocksCleared())
+
+    # ------------------------------------------------------------ tier hooks
+    def demoted(self, node: "Node", pages: range, *, medium: str, source_medium: str = MEDIUM_GPU) -> None:
+        """Pages ``pages`` (indices within ``node``) moved down to ``medium``.
+
+        Call before the GPU blocks are released: they are unindexed here when
+        ``source_medium`` is GPU. Emits :class:`BlockDemoted`.
+        """
+        self._move(BlockDemoted, node, pages, medium, source_medium)
+
+    def promoted(self, node: "Node", pages: range, *, source_medium: str, medium: str = MEDIUM_GPU) -> None:
+        """Pages ``pages`` of ``node`` moved up to ``medium`` from ``source_medium``.
+
+        Call after ``node.blocks`` holds their new GPU blocks (indexed here
+        when ``medium`` is GPU). Emits :class:`BlockPromoted`.
+        """
+        self._move(BlockPromoted, node, pages, medium, source_medium)
+
+    def _move(self, cls: type, node: "Node", pages: range, medium: str, source_medium: str) -> None:
+        hashes = self.page_hashes(node)
+        start, stop = pages.start, pages.stop
+        moved = hashes[start:stop]
+        parent = hashes[start - 1] if start > 0 else self._parent_hash(node)[0]
+        blocks = node.blocks[start:stop].tolist()
+        if source_medium == MEDIUM_GPU:
+            for block, h in zip(blocks, moved):
+                if self._block_hash[block] == h:
+                    self._block_hash[block] = None
+                    self._index.pop(h, None)
+        if medium == MEDIUM_GPU:
+            for block, h in zip(blocks, moved):
+                self._block_hash[block] = h
+                self._index[h] = block
+        tokens = self._tokens(node)[start:stop]
+        self._events.append(cls(
+            [external_block_hash(h) for h in moved],
+            external_block_hash(parent) if parent is not None else None,
+            tokens.ravel().tolist(), self._cache.page_size, medium, source_medium))
+
+    # ------------------------------------------------------------ checks
+    def check(self) -> None:
+        """O(cached pages) check: every cached block is indexed under its recomputed chain hash."""
+        cache = self._cache
+        expected: Dict[int, BlockHash] = {}
+        for node in cache._tree.nodes():
+            parent = node.parent
+            parent_hash = None if parent.parent is None else expected.get(int(parent.blocks[-1]))
+            if parent.parent is not None and parent_hash is None:
+                parent_hash = self.page_hashes(parent)[-1]
+            first = parent.parent is None
+            hashes = self.hasher.chain(self._tokens(node), parent_hash, node.start,
+                                       self._namespace(node) if first else None)
+            for block, h in zip(node.blocks.tolist(), hashes):
+                expected[block] = h
+        for block, h in expected.items():
+            assert self._block_hash[block] == h, (
+                f"block {block}: indexed hash {self._block_hash[block]!r} != chain hash {h!r}")
+            assert self._index.get(h) == block, f"hash of block {block} not indexed to it"
+        stray = [b for b, h in enumerate(self._block_hash) if h is not None and b not in expected]
+        assert not stray, f"blocks {stray[:10]} are indexed but not cached"
+        assert len(self._index) == len(expected), (
+            f"index holds {len(self._index)} hashes for {len(expected)} cached pages")
+
+    # ------------------------------------------------------------ internals
+    def _tokens(self, node: "Node") -> np.ndarray:
+        n = node.num_pages
+        return np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=n * self._cache.page_size).reshape(n, -1)
+
+    def _parent_hash(self, node: "Node") -> Tuple[Optional[BlockHash], bool]:
+        """(hash of the page before ``node``'s first, whether ``node`` starts its sequence)."""
+        parent = node.parent
+        if parent.parent is None:
+            return None, True
+        block = int(parent.blocks[-1]) if parent.num_pages else -1
+        h = self._block_hash[block] if 0 <= block < len(self._block_hash) else None
+        if h is None:
+            h = self.page_hashes(parent)[-1]
+        return h, False
+
+    def _namespace(self, node: "Node") -> Hashable:
+        root = node
+        while root.parent is not None:
+            root = root.parent
+        key = id(root)
+        if key not in self._root_ns:
+            self._root_ns.clear()
+            for ns, r in self._cache._tree.roots():
+                self._root_ns[id(r)] = ns
+        return self._root_ns[key]
+
+
+def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:
+    """The :class:`EventLog` for ``PrefixCache(enable_events=...)``: ``None`` when disabled.
+
+    ``enable_events`` is a bool, or a :class:`~radixkv.hashing.BlockHasher`
+    to choose the hash function and seed (enables events).
+    """
+    if isinstance(enable_events, BlockHasher):
+        return EventLog(cache, enable_events)
+    if not isinstance(enable_events, bool):
+        raise TypeError(f"enable_events must be a bool or a BlockHasher, got {enable_events!r}")
+    return EventLog(cache) if enable_events else None
+
+
+__all__ = [
+    "AllBlocksCleared", "BlockDemoted", "BlockPromoted", "BlockRemoved", "BlockStored",
+    "EVENT_TYPES", "EventLog", "ExternalBlockHash", "KVCacheEvent", "MEDIUM_CPU", "MEDIUM_DISK",
+    "MEDIUM_GPU", "MEDIUM_REMOTE", "TIER_MEDIUM", "event_field_names", "make_event_log",
+]

@@ -1,0 +1,239 @@
+"""vLLM-compatible chained block hashes.
+
+A page's hash covers its own tokens and, through its parent's hash, every
+token before it, so equal hashes mean equal prefixes. This module reproduces
+vLLM v1's ``hash_block_tokens`` (``vllm/v1/core/kv_cache_utils.py``)::
+
+    hash = hash_function((parent_block_hash or NONE_HASH, tuple(page_tokens), extra_keys))
+
+with vLLM's ``sha256_cbor`` as the default hash function: SHA-256 over the
+canonical CBOR (RFC 8949) encoding of that tuple. CBOR is chosen because it is
+deterministic across processes, Python versions and languages; vLLM's
+pickle-based ``sha256`` is offered too (``hash_fn="sha256"``), but its bytes
+depend on pickle's protocol. The CBOR encoder here is a small, dependency-free
+one covering exactly the types block hashes use (ints, strings, bytes,
+tuples/lists, ``None``, booleans); it produces the same bytes as
+``cbor2.dumps(obj, canonical=True)`` for them.
+
+``NONE_HASH``, the parent hash of a sequence's first page, is
+``hash_fn(hash_seed)`` as in vLLM's ``init_none_hash`` when ``PYTHONHASHSEED``
+is set; radixkv defaults the seed to ``"0"``, so the hashes equal those of a
+vLLM instance started with ``PYTHONHASHSEED=0`` and
+``--prefix-caching-hash-algo sha256_cbor``.
+
+Namespaces. A radixkv namespace (SGLang's ``extra_key``, vLLM's
+``cache_salt``) enters the hash exactly as vLLM's ``cache_salt`` does: as the
+extra key ``(namespace,)`` of the *first* page only; the chain carries it to
+every later page. So two namespaces never share a hash, and a vLLM router that
+hashes a request with ``cache_salt=namespace`` finds radixkv's pages.
+(One deliberate difference: vLLM ignores an empty ``cache_salt``; radixkv
+keeps ``""`` distinct from ``None`` because they are distinct trees.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .keys import as_tokens, check_positive_int
+
+BlockHash = bytes
+"""A full block hash: 32 bytes of SHA-256 (vLLM's ``BlockHash``)."""
+
+DEFAULT_HASH_SEED = "0"
+_U64 = (1 << 64) - 1
+
+
+# ---------------------------------------------------------------- canonical CBOR
+def _head(major: int, value: int) -> bytes:
+    """A CBOR item head: major type and argument in the shortest form."""
+    mt = major << 5
+    if value < 24:
+        return bytes((mt | value,))
+    if value < 0x100:
+        return bytes((mt | 24, value))
+    if value < 0x10000:
+        return bytes((mt | 25,)) + struct.pack(">H", value)
+    if value < 0x100000000:
+        return bytes((mt | 26,)) + struct.pack(">I", value)
+    if value <= _U64:
+        return bytes((mt | 27,)) + struct.pack(">Q", value)
+    raise ValueError(f"integer {value!r} does not fit CBOR's 64-bit argument")
+
+
+def _encode(obj: Any, out: List[bytes]) -> None:
+    if obj is None:
+        out.append(b"\xf6")
+    elif obj is True:
+        out.append(b"\xf5")
+    elif obj is False:
+        out.append(b"\xf4")
+    elif isinstance(obj, (int, np.integer)):
+        value = int(obj)
+        out.append(_head(0, value) if value >= 0 else _head(1, -1 - value))
+    elif isinstance(obj, (bytes, bytearray, memoryview)):
+        data = bytes(obj)
+        out.append(_head(2, len(data)))
+        out.append(data)
+    elif isinstance(obj, str):
+        data = obj.encode("utf-8")
+        out.append(_head(3, len(data)))
+        out.append(data)
+    elif isinstance(obj, (tuple, list)):
+        out.append(_head(4, len(obj)))
+        for item in obj:
+            _encode(item, out)
+    else:
+        raise TypeError(f"cannot CBOR-encode {type(obj).__name__} value {obj!r} in a block hash")
+
+
+def cbor_dumps(obj: Any) -> bytes:
+    """Canonical CBOR bytes of ``obj`` (ints, str, bytes, tuples/lists, None, bools).
+
+    Equal to ``cbor2.dumps(obj, canonical=True)`` for those types. Cost: O(size).
+    """
+    out: List[bytes] = []
+    _encode(obj, out)
+    return b"".join(out)
+
+
+# ---------------------------------------------------------------- hash functions
+def sha256_cbor(input: Any) -> bytes:  # noqa: A002 - vLLM's parameter name
+    """SHA-256 of the canonical CBOR encoding of ``input`` (vLLM's ``sha256_cbor``)."""
+    return hashlib.sha256(cbor_dumps(input)).digest()
+
+
+def sha256(input: Any) -> bytes:  # noqa: A002
+    """SHA-256 of ``pickle.dumps(input, HIGHEST_PROTOCOL)`` (vLLM's ``sha256``).
+
+    Deterministic for one Python version only; prefer :func:`sha256_cbor`.
+    """
+    return hashlib.sha256(pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+HASH_FUNCTIONS: dict = {"sha256_cbor": sha256_cbor, "sha256": sha256}
+"""Hash functions by vLLM's ``prefix_caching_hash_algo`` name."""
+
+
+def hash_block_tokens(
+    hash_function: Callable[[Any], bytes],
+    parent_block_hash: Optional[BlockHash],
+    curr_block_token_ids: Sequence[int],
+    extra_keys: Optional[Tuple[Any, ...]] = None,
+    *,
+    none_hash: Optional[BlockHash] = None,
+) -> BlockHash:
+    """The hash of one full page, chained on its parent's (vLLM's ``hash_block_tokens``).
+
+    ``parent_block_hash`` is ``None`` for a sequence's first page; then
+    ``none_hash`` (default ``hash_function(DEFAULT_HASH_SEED)``) stands in, as
+    vLLM's ``NONE_HASH`` does. Cost: one serialization and one SHA-256 of the page.
+    """
+    if not parent_block_hash:
+        parent_block_hash = none_hash if none_hash is not None else hash_function(DEFAULT_HASH_SEED)
+    return hash_function((parent_block_hash, tuple(int(t) for t in curr_block_token_ids), extra_keys))
+
+
+def external_block_hash(block_hash: BlockHash) -> int:
+    """The 64-bit integer form events carry: the digest's last 8 bytes, big-endian.
+
+    This is vLLM's ``maybe_convert_block_hash`` with
+    ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` set, and the int64 shape SGLang's
+    events use. Unsigned, in ``[0, 2**64)``.
+    """
+    return int.from_bytes(block_hash, "big") & _U64
+
+
+def namespace_extra_keys(namespace: Optional[Hashable], page_index: int) -> Optional[Tuple[Any, ...]]:
+    """Extra keys of page ``page_index`` of a sequence in ``namespace``.
+
+    ``(namespace,)`` on the first page (like vLLM's ``cache_salt``), else
+    ``None``. Namespaces must be str, bytes, int or tuples of those.
+    """
+    if page_index != 0 or namespace is None:
+        return None
+    if not isinstance(namespace, (str, bytes, int, tuple)) or isinstance(namespace, bool):
+        raise TypeError(f"namespace must be a str (or bytes, int, tuple) to be hashed, got {namespace!r}")
+    return (namespace,)
+
+
+class BlockHasher:
+    """Chained page hashes with a fixed hash function and seed.
+
+    >>> hasher = BlockHasher()
+    >>> hashes = hasher.hash_pages([1, 2, 3, 4, 5], page_size=2)   # 2 full pages
+    >>> len(hashes), len(hashes[0])
+    (2, 32)
+
+    Args:
+        hash_fn: ``"sha256_cbor"`` (default), ``"sha256"`` or a callable ``obj -> bytes``.
+        hash_seed: the seed ``NONE_HASH`` is made from (vLLM's ``PYTHONHASHSEED``).
+    """
+
+    __slots__ = ("hash_function", "hash_seed", "none_hash", "name")
+
+    def __init__(self, hash_fn: Union[str, Callable[[Any], bytes]] = "sha256_cbor",
+                 hash_seed: str = DEFAULT_HASH_SEED) -> None:
+        if isinstance(hash_fn, str):
+            if hash_fn not in HASH_FUNCTIONS:
+                raise ValueError(f"hash_fn must be one of {sorted(HASH_FUNCTIONS)} or a callable, got {hash_fn!r}")
+            self.name = hash_fn
+            self.hash_function = HASH_FUNCTIONS[hash_fn]
+        elif callable(hash_fn):
+            self.name = getattr(hash_fn, "__name__", "custom")
+            self.hash_function = hash_fn
+        else:
+            raise TypeError(f"hash_fn must be a name or a callable, got {hash_fn!r}")
+        if not isinstance(hash_seed, str):
+            raise TypeError(f"hash_seed must be a str (like PYTHONHASHSEED), got {hash_seed!r}")
+        self.hash_seed = hash_seed
+        self.none_hash: BlockHash = self.hash_function(hash_seed)
+
+    def hash_block_tokens(self, parent_block_hash: Optional[BlockHash], curr_block_token_ids: Sequence[int],
+                          extra_keys: Optional[Tuple[Any, ...]] = None) -> BlockHash:
+        """Hash of one page after ``parent_block_hash`` (``None`` for the first page)."""
+        if not parent_block_hash:
+            parent_block_hash = self.none_hash
+        return self.hash_function((parent_block_hash, tuple(int(t) for t in curr_block_token_ids), extra_keys))
+
+    def chain(self, page_tokens: np.ndarray, parent_block_hash: Optional[BlockHash],
+              first_page: int, namespace: Optional[Hashable]) -> List[BlockHash]:
+        """Hashes of consecutive pages (rows of ``page_tokens``) starting at page ``first_page``.
+
+        Engine-internal fast path: ``page_tokens`` is a 2-D array of whole pages.
+        Cost: one serialization and SHA-256 per page.
+        """
+        out: List[BlockHash] = []
+        fn = self.hash_function
+        parent = parent_block_hash or self.none_hash
+        for i, row in enumerate(page_tokens.tolist()):
+            extra = namespace_extra_keys(namespace, first_page + i)
+            parent = fn((parent, tuple(row), extra))
+            out.append(parent)
+        return out
+
+    def hash_pages(self, tokens: Union[Sequence[int], np.ndarray], page_size: int, *,
+                   namespace: Optional[Hashable] = None) -> List[BlockHash]:
+        """Hashes of every full page of ``tokens`` in ``namespace``, in order.
+
+        Equal to vLLM's request block hasher for a request with
+        ``cache_salt=namespace`` (no LoRA, no multimodal inputs). Cost: O(len(tokens)).
+        """
+        page_size = check_positive_int(page_size, "page_size")
+        arr = as_tokens(tokens)
+        num_pages = len(arr) // page_size
+        pages = arr[: num_pages * page_size].reshape(num_pages, page_size)
+        return self.chain(pages, None, 0, namespace)
+
+    def __repr__(self) -> str:
+        return f"BlockHasher(hash_fn={self.name!r}, hash_seed={self.hash_seed!r})"
+
+
+__all__ = [
+    "BlockHash", "BlockHasher", "DEFAULT_HASH_SEED", "HASH_FUNCTIONS", "cbor_dumps",
+    "external_block_hash", "hash_block_tokens", "namespace_extra_keys", "sha256", "sha256_cbor",
+]

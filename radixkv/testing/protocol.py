@@ -1,0 +1,137 @@
+"""The contract a prefix cache must meet to be checked by :mod:`radixkv.testing`.
+
+Any cache with the eight members of :class:`PrefixCacheUnderTest` can be run
+through the conformance state machine; radixkv's own
+:class:`~radixkv.PrefixCache` meets it through :class:`RadixKVTarget`, which
+only adds :meth:`~PrefixCacheUnderTest.contents`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import numpy as np
+
+from ..cache import PrefixCache
+from ..keys import TOKEN_DTYPE
+
+PageKey = Tuple[Optional[Hashable], Tuple[int, ...]]
+"""A cached page, named by ``(namespace, every token from the start through that page)``."""
+
+
+class Match(NamedTuple):
+    """What ``match`` returns (radixkv's :class:`~radixkv.MatchResult` has the same fields)."""
+
+    num_tokens: int
+    blocks: Sequence[int]
+    node: Any
+
+
+@runtime_checkable
+class PrefixCacheUnderTest(Protocol):
+    """A paged prefix cache, as the conformance kit drives it.
+
+    Pages are whole runs of ``page_size`` tokens; a page is identified by its
+    namespace and every token before and in it. Semantics the kit checks:
+
+    * ``match(tokens, namespace=)``: the longest cached whole-page prefix of
+      ``tokens`` in ``namespace``: ``num_tokens`` (a multiple of
+      ``page_size``), its ``blocks`` in order, and a ``node`` handle for
+      ``lock``/``unlock``. May count as a use; never adds or drops a page.
+    * ``allocate(n)``: ``n`` distinct block ids, neither cached nor held,
+      now held by the caller, evicting unprotected pages as needed (never more
+      than ``n``); ``None``, with nothing changed, only when fewer than ``n``
+      blocks can be had (``n > num_blocks - held - protected pages``).
+    * ``insert(tokens, blocks, namespace=)``: ``blocks`` holds one held id
+      per full page of ``tokens``. Pages already cached keep their blocks (a
+      different passed block is released); new pages take their passed
+      blocks (an admission policy may keep only a leading run of them and
+      release the rest). Returns the number of pages already cached. Never
+      drops a page.
+    * ``lock(handle)``: protects every page from the start through the
+      handle's until a matching ``unlock``; locks nest. ``unlock`` of a
+      handle that holds no lock raises ``ValueError``.
+    * ``evict(n)``: drops exactly ``min(n, unprotected cached pages)`` pages,
+      never a protected one, and returns how many; what stays is
+      prefix-closed (a page's predecessor is cached too).
+    * ``check()``: raises ``AssertionError`` if the cache's own invariants break.
+    * ``contents()``: every cached page as ``{(namespace, tokens): block}``;
+      read-only.
+
+    Namespaces never share a page: a page cached in one is invisible to
+    ``match`` in another.
+    """
+
+    page_size: int
+    num_blocks: int
+
+    def match(self, tokens: Sequence[int], *, namespace: Optional[Hashable] = None) -> Any: ...
+
+    def allocate(self, n: int) -> Optional[Sequence[int]]: ...
+
+    def insert(self, tokens: Sequence[int], blocks: Sequence[int], *,
+               namespace: Optional[Hashable] = None) -> int: ...
+
+    def lock(self, handle: Any) -> None: ...
+
+    def unlock(self, handle: Any) -> None: ...
+
+    def evict(self, n: int) -> int: ...
+
+    def check(self) -> None: ...
+
+    def contents(self) -> Mapping[PageKey, int]: ...
+
+
+class RadixKVTarget:
+    """A :class:`~radixkv.PrefixCache` as a :class:`PrefixCacheUnderTest`.
+
+    Delegates everything and adds :meth:`contents`, read from the tree.
+    """
+
+    def __init__(self, cache: PrefixCache) -> None:
+        self.cache = cache
+        self.page_size = cache.page_size
+        self.num_blocks = cache.num_blocks
+
+    def match(self, tokens, *, namespace=None):
+        return self.cache.match(tokens, namespace=namespace)
+
+    def allocate(self, n):
+        return self.cache.allocate(n)
+
+    def insert(self, tokens, blocks, *, namespace=None):
+        return self.cache.insert(tokens, blocks, namespace=namespace)
+
+    def lock(self, handle):
+        self.cache.lock(handle)
+
+    def unlock(self, handle):
+        self.cache.unlock(handle)
+
+    def evict(self, n):
+        return self.cache.evict(n)
+
+    def check(self):
+        self.cache.check()
+
+    def contents(self) -> Dict[PageKey, int]:
+        """Every cached page, from the tree. O(cached tokens)."""
+        cache = self.cache
+        p = cache.page_size
+        out: Dict[PageKey, int] = {}
+        for namespace, root in cache._tree.roots():
+            stack = [(root, ())]
+            while stack:
+                node, prefix = stack.pop()
+                for child in (node.children or {}).values():
+                    tokens = np.frombuffer(child.key, dtype=TOKEN_DTYPE, count=child.num_pages * p).tolist()
+                    path = prefix
+                    for i in range(child.num_pages):
+                        path = path + tuple(tokens[i * p : (i + 1) * p])
+                        out[(namespace, path)] = int(child.blocks[i])
+                    stack.append((child, path))
+        return out
+
+    def __repr__(self) -> str:
+        return f"RadixKVTarget({self.cache.policy.name}, page_size={self.page_size}, num_blocks={self.num_blocks})"
