@@ -1,0 +1,30 @@
+"""The distribution ships every radixkv package, and policies only as radixkv.policies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_is_listed_in_pyproject():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "radixkv").rglob("__init__.py")}
+    found |= {"radixkv.policies"}
+    assert found == listed
+    assert config["package-dir"] == {"radixkv.policies": "policies"}
+    assert "policies" not in listed
+
+
+def test_policies_import_as_radixkv_policies():
+    import radixkv.policies as policies
+
+    assert Path(policies.__file__).resolve().parent == ROOT / "policies"
+    assert "lru" in policies.available()
