@@ -9,10 +9,18 @@ for either (Dynamo's KV router, say) reads radixkv's events unchanged.
 Hashes are the 64-bit integer form of radixkv's vLLM-compatible chained page
 hashes (:func:`radixkv.hashing.external_block_hash`).
 
-Tier moves have no counterpart in either engine; radixkv adds
-:class:`BlockDemoted` and :class:`BlockPromoted`, emitted by the tier layer,
-each convertible to the remove + store pair an older consumer expects
-(:meth:`BlockDemoted.as_store_remove`).
+Residency on the device is reported by the engine itself: ``BlockStored``
+(``medium="GPU"``) when pages enter HBM (inserted, or loaded back from a lower
+tier) and ``BlockRemoved`` (``medium="GPU"``) when they leave it (evicted,
+whether dropped or demoted). A consumer that tracks only HBM can therefore
+read radixkv exactly as it reads SGLang or vLLM. Tier moves have no
+counterpart in either engine; radixkv adds :class:`BlockDemoted` (pages now
+also on a lower tier ``medium``, moved from ``source_medium``) and
+:class:`BlockPromoted` (pages loaded from ``source_medium`` into ``medium``),
+emitted by the tier layer through :meth:`EventLog.demoted` /
+:meth:`EventLog.promoted`. Each converts to the plain events that carry the
+same lower-tier residency (:meth:`BlockDemoted.as_store_remove`), the form
+SGLang's hierarchical cache reports a host copy in.
 
 :class:`EventLog` is the engine-side recorder. A :class:`~radixkv.PrefixCache`
 created with ``enable_events=True`` owns one and calls it at every point where
@@ -109,30 +117,35 @@ class _TierMove(KVCacheEvent):
     medium: str
     source_medium: str
 
-    def as_store_remove(self) -> List[KVCacheEvent]:
-        """The same move as ``BlockRemoved`` at the source and ``BlockStored`` at the target.
-
-        For consumers that only know SGLang's/vLLM's three events (SGLang's
-        hierarchical cache reports a host copy exactly this way).
-        """
-        return [
-            BlockRemoved(list(self.block_hashes), medium=self.source_medium),
-            BlockStored(list(self.block_hashes), self.parent_block_hash, list(self.token_ids),
-                        self.block_size, medium=self.medium),
-        ]
-
 
 @dataclass(frozen=True, slots=True)
 class BlockDemoted(_TierMove):
-    """Pages moved down a tier (e.g. GPU -> CPU): now on ``medium``, gone from ``source_medium``.
+    """Pages moved down a tier: a copy is now on ``medium`` (e.g. ``"CPU"``), from ``source_medium``.
 
     Same fields as :class:`BlockStored` minus the LoRA ones, plus ``source_medium``.
+    The device side (``BlockRemoved(medium="GPU")``) is reported by the engine
+    when HBM drops the pages.
     """
+
+    def as_store_remove(self) -> List[KVCacheEvent]:
+        """The plain events with the same meaning for the lower tier: ``BlockStored`` on ``medium``."""
+        return [BlockStored(list(self.block_hashes), self.parent_block_hash, list(self.token_ids),
+                            self.block_size, medium=self.medium)]
 
 
 @dataclass(frozen=True, slots=True)
 class BlockPromoted(_TierMove):
-    """Pages moved up a tier (e.g. CPU -> GPU): now on ``medium``, gone from ``source_medium``."""
+    """Pages loaded from ``source_medium`` (e.g. ``"CPU"``) into ``medium`` (e.g. ``"GPU"``).
+
+    The arrival in HBM is reported by the engine (``BlockStored(medium="GPU")``);
+    this event says where the pages came from. An exclusive (write-back) tier
+    gives its copy up: see :meth:`as_store_remove`.
+    """
+
+    def as_store_remove(self, *, exclusive: bool = True) -> List[KVCacheEvent]:
+        """The plain events with the same meaning for the lower tier: ``BlockRemoved`` on
+        ``source_medium`` if the tier is exclusive (its copy moved up), else nothing."""
+        return [BlockRemoved(list(self.block_hashes), medium=self.source_medium)] if exclusive else []
 
 
 EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared, BlockDemoted, BlockPromoted)
@@ -236,39 +249,29 @@ class EventLog:
 
     # ------------------------------------------------------------ tier hooks
     def demoted(self, node: "Node", pages: range, *, medium: str, source_medium: str = MEDIUM_GPU) -> None:
-        """Pages ``pages`` (indices within ``node``) moved down to ``medium``.
+        """Pages ``pages`` (indices within ``node``) were copied down to ``medium``: emit :class:`BlockDemoted`.
 
-        Call before the GPU blocks are released: they are unindexed here when
-        ``source_medium`` is GPU. Emits :class:`BlockDemoted`.
+        Call while ``node`` still holds those pages (a tier layer's spill hook
+        runs before the engine truncates). The HBM index is the engine's
+        business and is not touched here. Cost: O(pages of node) hashes.
         """
         self._move(BlockDemoted, node, pages, medium, source_medium)
 
     def promoted(self, node: "Node", pages: range, *, source_medium: str, medium: str = MEDIUM_GPU) -> None:
-        """Pages ``pages`` of ``node`` moved up to ``medium`` from ``source_medium``.
-
-        Call after ``node.blocks`` holds their new GPU blocks (indexed here
-        when ``medium`` is GPU). Emits :class:`BlockPromoted`.
-        """
+        """Pages ``pages`` of ``node`` were loaded from ``source_medium``: emit :class:`BlockPromoted`."""
         self._move(BlockPromoted, node, pages, medium, source_medium)
 
     def _move(self, cls: type, node: "Node", pages: range, medium: str, source_medium: str) -> None:
+        if not isinstance(pages, range) or pages.step != 1 or not 0 <= pages.start <= pages.stop <= node.num_pages:
+            raise ValueError(f"pages must be a range within the node's {node.num_pages} pages, got {pages!r}")
+        if not len(pages):
+            return
         hashes = self.page_hashes(node)
         start, stop = pages.start, pages.stop
-        moved = hashes[start:stop]
         parent = hashes[start - 1] if start > 0 else self._parent_hash(node)[0]
-        blocks = node.blocks[start:stop].tolist()
-        if source_medium == MEDIUM_GPU:
-            for block, h in zip(blocks, moved):
-                if self._block_hash[block] == h:
-                    self._block_hash[block] = None
-                    self._index.pop(h, None)
-        if medium == MEDIUM_GPU:
-            for block, h in zip(blocks, moved):
-                self._block_hash[block] = h
-                self._index[h] = block
         tokens = self._tokens(node)[start:stop]
         self._events.append(cls(
-            [external_block_hash(h) for h in moved],
+            [external_block_hash(h) for h in hashes[start:stop]],
             external_block_hash(parent) if parent is not None else None,
             tokens.ravel().tolist(), self._cache.page_size, medium, source_medium))
 
