@@ -359,7 +359,7 @@ class HalfAdmitting(LRU):
 
     name = "half-admitting"
 
-    def admit(self, node_parent, num_pages, now):
+    def admit(self, node_parent, num_pages, now, *rest):
         return num_pages // 2
 
 
