@@ -5,7 +5,21 @@
 True
 
 Adding a policy: write a module with an :class:`EvictionPolicy` subclass and
-add it to ``_REGISTRY`` below.
+add it to ``_CLASSES`` below (or call :func:`register`).
+
+=========  ===================================================================
+name       rule
+=========  ===================================================================
+lru        least recently used
+fifo       first cached, first evicted
+lfu        LFU with dynamic aging (alias ``lfu-da``)
+slru       never-reused leaves first, LRU within each segment
+sieve      FIFO whose hand spares leaves used since it last passed
+s3fifo     small probationary FIFO + main FIFO with reinsertion + ghost
+gdsf       Greedy-Dual-Size-Frequency on prefill restore cost (alias ``cost``)
+adaptive   per-class retention windows learned from observed reuse gaps
+belady     offline optimum with bypass (needs the future; replay provides it)
+=========  ===================================================================
 """
 
 from __future__ import annotations
@@ -14,22 +28,47 @@ from typing import Dict, List, Type, Union
 
 from radixkv.errors import UnknownPolicyError
 
+from .adaptive import AdaptiveRetention
 from .base import EvictionPolicy
+from .belady import Belady
+from .fifo import FIFO
+from .gdsf import GDSF
+from .lfu import LFU
 from .lru import LRU
+from .s3fifo import S3FIFO
+from .sieve import SIEVE
+from .slru import SLRU
 
-_REGISTRY: Dict[str, Type[EvictionPolicy]] = {cls.name: cls for cls in (LRU,)}
+_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, Belady)
+_REGISTRY: Dict[str, Type[EvictionPolicy]] = {}
+_ALIASES: Dict[str, str] = {}
 
 
-def available() -> List[str]:
-    """Names of every registered policy, sorted."""
-    return sorted(_REGISTRY)
+def available(*, include_aliases: bool = False) -> List[str]:
+    """Names of every registered policy, sorted (aliases too when asked)."""
+    return sorted({**_REGISTRY, **_ALIASES} if include_aliases else _REGISTRY)
 
 
 def register(cls: Type[EvictionPolicy]) -> Type[EvictionPolicy]:
-    """Register ``cls`` under ``cls.name`` (usable as a class decorator)."""
+    """Register ``cls`` under ``cls.name`` and its ``aliases`` (usable as a class decorator)."""
     if not cls.name:
         raise ValueError(f"policy class {cls.__name__} has no name")
     _REGISTRY[cls.name] = cls
+    for alias in cls.aliases:
+        _ALIASES[alias] = cls.name
+    return cls
+
+
+for _cls in _CLASSES:
+    register(_cls)
+
+
+def resolve(name: str) -> Type[EvictionPolicy]:
+    """The class registered as ``name`` or as an alias; :class:`UnknownPolicyError` lists the names."""
+    cls = _REGISTRY.get(_ALIASES.get(name, name)) if isinstance(name, str) else None
+    if cls is None:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r}; available: {', '.join(available(include_aliases=True))}")
     return cls
 
 
@@ -39,13 +78,8 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
         return policy
     if not isinstance(policy, str):
         raise TypeError(f"policy must be a name or an EvictionPolicy, got {policy!r}")
-    try:
-        cls = _REGISTRY[policy]
-    except KeyError:
-        raise UnknownPolicyError(
-            f"unknown policy {policy!r}; available: {', '.join(available())}"
-        ) from None
-    return cls(**options)
+    return resolve(policy)(**options)
 
 
-__all__ = ["EvictionPolicy", "LRU", "available", "create", "register"]
+__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "Belady",
+           "available", "create", "register", "resolve"]

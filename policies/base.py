@@ -82,11 +82,13 @@ class EvictionPolicy:
     def on_remove(self, node: Node) -> None:
         """``node`` left the tree."""
 
-    def admit(self, node_parent: Node, num_pages: int, now: int) -> int:
+    def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
         """How many of ``num_pages`` new pages below ``node_parent`` to cache (all, by default).
 
-        Called before the engine evicts anything for them, so declined pages
-        cost no eviction. Must return the length of a prefix of the new pages.
+        ``pages`` is a read-only view of the new pages' token bytes
+        (``num_pages * page_size`` uint32 values). Called before the engine
+        evicts anything for them, so declined pages cost no eviction. Returns
+        the length of the prefix of the new pages to keep.
         """
         return num_pages
 

@@ -369,7 +369,7 @@ class PrefixCache:
             node = self._split(child, common)
         self._touch_path(node, now)
         self._pool.give_back(duplicate)
-        keep = self._admit_pages(node, len(new), now)
+        keep = self._admit_pages(node, data, present, len(new), now)
         self._pool.give_back(new[keep:])
         self._add_pages(node, data, present, new[:keep].copy(), now)
         return present
@@ -407,7 +407,7 @@ class PrefixCache:
         new = _NO_BLOCKS
         if need:
             # Ask the policy first, so pages it declines cost no eviction.
-            keep = self._admit_pages(node, need, now)
+            keep = self._admit_pages(node, data, pos, need, now)
             free = self._pool.num_free
             fit = min(keep, free + self._cached - self._protected)
             if fit > free:
@@ -576,11 +576,16 @@ class PrefixCache:
             self._events.stored(leaf)
         return leaf
 
-    def _admit_pages(self, node: Node, n: int, now: int) -> int:
-        """How many of ``n`` new pages below ``node`` the policy caches; counts the declined ones."""
+    def _admit_pages(self, node: Node, data: bytes, start: int, n: int, now: int) -> int:
+        """How many of the ``n`` new pages ``start..`` of ``data`` below ``node`` the policy caches.
+
+        Counts the declined ones. The policy sees the new pages' token bytes
+        as a zero-copy view.
+        """
         if n == 0:
             return 0
-        keep = min(self._policy.admit(node, n, now), n)
+        pb = self._tree.page_bytes
+        keep = min(self._policy.admit(node, n, now, memoryview(data)[start * pb : (start + n) * pb]), n)
         if keep < n:
             self.declined_blocks += n - keep
         return keep

@@ -59,8 +59,17 @@ def replay(
 
     ``on_request(request, hit_tokens)`` is called after each request (progress
     bars, per-request records, invariant checks in tests).
+
+    An offline policy (``cache.policy.offline``, e.g. Belady) first gets the
+    whole sequence through ``policy.prepare(requests, page_size, first_clock)``;
+    a one-shot iterator is materialized for it, a re-iterable (a list, a
+    :class:`~radixkv.traces.TraceReader`) is read twice.
     """
     start = time.perf_counter()
+    if cache.policy.offline:
+        if iter(requests) is requests:
+            requests = list(requests)
+        cache.policy.prepare(requests, cache.page_size, cache.clock + 1)
     evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
     num_requests = prompt_tokens = hit_tokens = hit_requests = 0
     admit = cache.admit

@@ -1,0 +1,181 @@
+"""Belady's offline optimum: evict the page whose next use is farthest in the future.
+
+For measurement only: it must be given the request sequence in advance
+(:meth:`Belady.prepare`; ``radixkv replay --policy belady`` and
+:func:`radixkv.replay.replay` do this pre-pass automatically). It is the
+ceiling online policies are measured against. Source: Belady, "A study of
+replacement algorithms for a virtual-storage computer" (1966); with bypass,
+the page-level optimum for unit-size pages.
+
+**Rule.** Evict the unprotected page whose next use is farthest, pages never
+used again first, deepest first on ties; a new page never used again is not
+cached at all (bypass, through :meth:`admit`).
+
+**Per page, on a tree of runs.** A node's pages share their last use ``t``
+(a request that uses part of a node splits it), but their next uses differ:
+page ``d`` of request ``t`` is next used by the first later request that
+holds the same page identity (the same token prefix through page ``d``). A
+request holding page ``d`` holds every page above it, so next use never
+decreases with depth: the farthest page of a leaf is its tail, and the
+farthest page of the whole tree is a leaf tail. So a leaf is ranked by its
+tail page's next use, :meth:`on_victim` lets only the tail run that shares
+that next use go, and the engine re-ranks the leaf by its new tail.
+
+The pre-pass identifies pages by chained 128-bit hashes of their token
+prefixes (two independent 64-bit lanes, vectorized in numpy), then finds
+each reference's next reference with one stable sort. O(total pages log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from radixkv.keys import TOKEN_DTYPE
+from radixkv.traces import Request
+from radixkv.tree import Node
+
+from .base import EvictionPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from radixkv.cache import PrefixCache
+
+NEVER = 1 << 62
+"""Next-use value of a page no later request uses."""
+
+_U64 = np.uint64
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finalizer, elementwise on uint64 (wrapping arithmetic)."""
+    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+class _Lane:
+    """One 64-bit hash lane: page hash = mix(sum token_k * c_k); prefix hash chains pages with base ``b``."""
+
+    def __init__(self, seed: int, page_size: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.coef = rng.integers(0, 1 << 63, size=page_size, dtype=np.uint64) * _U64(2) + _U64(1)
+        self.base = int(rng.integers(0, 1 << 62)) * 2 + 1
+        self.inv = pow(self.base, -1, 1 << 64)
+        self.pow = np.ones(1, dtype=np.uint64)
+        self.ipow = np.ones(1, dtype=np.uint64)
+
+    def _grow(self, n: int) -> None:
+        while len(self.pow) < n:
+            m = len(self.pow)
+            self.pow = np.concatenate([self.pow, self.pow * _U64(pow(self.base, m, 1 << 64))])
+            self.ipow = np.concatenate([self.ipow, self.ipow * _U64(pow(self.inv, m, 1 << 64))])
+
+    def prefixes(self, pages: np.ndarray, root: int) -> np.ndarray:
+        """Hash of every page prefix: ``h_d = root*B^(d+1) + sum_{j<=d} page_j * B^(d-j)`` (mod 2^64)."""
+        n = len(pages)
+        self._grow(n)
+        ph = _mix((pages * self.coef).sum(axis=1, dtype=np.uint64))
+        acc = np.cumsum(ph * self.ipow[:n], dtype=np.uint64) + _U64((root * self.base) & _MASK)
+        return acc * self.pow[:n]
+
+
+def _namespace_seed(namespace: Optional[str]) -> int:
+    if namespace is None:
+        return 0
+    return int.from_bytes(hashlib.blake2b(namespace.encode(), digest_size=8).digest(), "little") | 1
+
+
+def next_uses(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """For every full page of every request, the index of the next request using the same page.
+
+    Returns ``(nxt, offsets)``: page ``d`` of request ``r`` is ``nxt[offsets[r] + d]``,
+    :data:`NEVER` when no later request uses it. Pages are the same when their
+    namespace and whole token prefix through that page are. O(pages log pages).
+    """
+    lanes = (_Lane(0x5EED_0001, page_size), _Lane(0x5EED_0002, page_size))
+    parts_a: List[np.ndarray] = []
+    parts_b: List[np.ndarray] = []
+    counts: List[int] = []
+    for request in requests:
+        tokens = np.asarray(request.tokens, dtype=TOKEN_DTYPE)
+        n = len(tokens) // page_size
+        pages = tokens[: n * page_size].reshape(n, page_size).astype(np.uint64)
+        root = _namespace_seed(request.namespace)
+        parts_a.append(lanes[0].prefixes(pages, root))
+        parts_b.append(lanes[1].prefixes(pages, root ^ 0x9E3779B97F4A7C15))
+        counts.append(n)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    total = int(offsets[-1])
+    nxt = np.full(total, NEVER, dtype=np.int64)
+    if total:
+        a = np.concatenate(parts_a)
+        b = np.concatenate(parts_b)
+        del parts_a, parts_b
+        owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        order = np.lexsort((b, a))  # stable: equal pages stay in request order
+        sa, sb = a[order], b[order]
+        same = (sa[1:] == sa[:-1]) & (sb[1:] == sb[:-1])
+        nxt[order[:-1][same]] = owner[order[1:][same]]
+    return nxt, offsets
+
+
+class Belady(EvictionPolicy):
+    """Offline optimum with bypass; ``policy_state`` is the node's last use (a clock value).
+
+    Valid only for a cache that sees exactly the prepared requests through
+    ``admit``, one clock tick each, as replay does. A node last used at a
+    clock value outside the prepared range counts as never used again.
+    """
+
+    name = "belady"
+    offline = True
+
+    def __init__(self) -> None:
+        self._next = np.full(0, NEVER, dtype=np.int64)
+        self._offsets = np.zeros(1, dtype=np.int64)
+        self._first = 1
+        self._page_size: Optional[int] = None
+
+    def attach(self, cache: "PrefixCache") -> None:
+        self._page_size = cache.page_size
+
+    def prepare(self, requests: Sequence[Request], page_size: int, first_clock: int = 1) -> None:
+        """Learn the future: ``requests`` will be admitted at clock values ``first_clock, first_clock+1, ...``."""
+        if self._page_size is not None and page_size != self._page_size:
+            raise ValueError(f"page_size must be the cache's {self._page_size}, got {page_size!r}")
+        nxt, self._offsets = next_uses(requests, page_size)
+        self._first = first_clock
+        # request index -> clock value; NEVER stays NEVER
+        self._next = np.where(nxt == NEVER, NEVER, nxt + first_clock)
+
+    def _row(self, now: int) -> Optional[np.ndarray]:
+        i = now - self._first
+        if 0 <= i < len(self._offsets) - 1:
+            return self._next[self._offsets[i] : self._offsets[i + 1]]
+        return None
+
+    def next_use(self, node: Node, depth: int) -> int:
+        """Clock value of the next use of page ``depth`` (from the root) of ``node``; :data:`NEVER` if none."""
+        row = self._row(node.policy_state)
+        return int(row[depth]) if row is not None and depth < len(row) else NEVER
+
+    def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
+        row = self._row(now)
+        if row is None:
+            return num_pages
+        start = node_parent.end
+        return int(np.count_nonzero(row[start : start + num_pages] < NEVER))
+
+    def on_victim(self, node: Node) -> int:
+        row = self._row(node.policy_state)
+        if row is None or node.end > len(row):
+            return node.num_pages
+        run = row[node.start : node.end]
+        return len(run) - int(np.searchsorted(run, run[-1], side="left"))
+
+    def priority(self, node: Node) -> int:
+        return -self.next_use(node, node.end - 1)

@@ -1,0 +1,44 @@
+"""LFU with dynamic aging (LFU-DA): evict the leaf with the smallest ``L + frequency``.
+
+``frequency`` counts the node's uses (insert and every match); ``L`` is the
+policy's age, raised to the value of each evicted leaf, and added to a
+node's value when it is used. Old popularity therefore decays: a node that
+was hot long ago keeps a value from an old, small ``L`` and is outranked by
+recently used ones. Ties: least recently used first, then deepest page.
+Source: Arlitt et al., "Evaluating content management techniques for Web
+proxy caches" (2000), LFU-DA.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+from radixkv.tree import Node
+
+from .base import EvictionPolicy
+
+
+class LFU(EvictionPolicy):
+    """LFU-DA. ``policy_state`` is ``(value, frequency, last_use)``."""
+
+    name = "lfu"
+    aliases = ("lfu-da",)
+
+    def __init__(self) -> None:
+        self.age = 0
+        """``L``: the value of the last evicted leaf (monotonic)."""
+
+    def on_insert(self, node: Node, now: int) -> None:
+        node.policy_state = (self.age + 1, 1, now)
+
+    def on_access(self, node: Node, now: int) -> None:
+        freq = node.policy_state[1] + 1
+        node.policy_state = (self.age + freq, freq, now)
+
+    def on_evict(self, node: Node, priority: Any) -> None:
+        if priority[0] > self.age:
+            self.age = priority[0]
+
+    def priority(self, node: Node) -> Tuple[int, int]:
+        value, _, last = node.policy_state
+        return (value, last)

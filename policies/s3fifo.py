@@ -1,0 +1,109 @@
+"""S3-FIFO: a small probationary FIFO, a main FIFO with reinsertion, and a ghost history.
+
+New pages enter the small queue S unless the ghost G remembers them (then
+they go straight to the main queue M). When a leaf of S comes up for
+eviction it moves to M if it was used while in S, else it is evicted and
+remembered in G. When a leaf of M comes up, a use since it was (re)queued
+buys it another round (its counter, capped at 3, goes down by one), else it
+is evicted. Source: Yang et al., "FIFO queues are all you need for cache
+eviction" (SOSP'23).
+
+Adapted to one victim heap over a tree. S3-FIFO picks S or M by S's size
+(10% of the cache); the lazy heap cannot re-rank a whole queue when that
+choice flips, so the two queues become two residency budgets on one
+timeline ``V`` (pages inserted so far): a node queued in S is due at
+``V + small`` pages, one (re)queued in M at ``V + main`` pages
+(``small = 10%`` of capacity, ``main`` the rest). The heap pops the earliest
+due leaf, so new pages still face a short probation and reused ones a long
+stay, and S's share of the cache floats with the promotion rate instead of
+being held at 10%. Promotions and reinsertions are second chances through
+the engine's ``on_victim`` hook. The ghost holds (depth, page) hashes of the
+first page of each run evicted from S, at most ``main`` of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict
+
+from radixkv.keys import TOKEN_BYTES
+from radixkv.tree import Node
+
+from .base import EvictionPolicy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from radixkv.cache import PrefixCache
+
+_SMALL, _MAIN = 0, 1
+
+
+class S3FIFO(EvictionPolicy):
+    """S3-FIFO on the tree. ``policy_state`` is ``(due, queue, uses)``.
+
+    Args:
+        small_fraction: S's budget as a share of the cache (default 0.1, as in the paper).
+        move_threshold: uses while in S needed to move to M (default 1).
+    """
+
+    name = "s3fifo"
+
+    def __init__(self, small_fraction: float = 0.1, move_threshold: int = 1) -> None:
+        if not 0.0 < small_fraction < 1.0:
+            raise ValueError(f"small_fraction must be in (0, 1), got {small_fraction!r}")
+        if move_threshold.__class__ is not int or move_threshold < 1:
+            raise ValueError(f"move_threshold must be an int >= 1, got {move_threshold!r}")
+        self.small_fraction = small_fraction
+        self.move_threshold = move_threshold
+        self._small = self._main = 1
+        self._page_bytes = TOKEN_BYTES
+        self._time = 0  # V: pages inserted so far
+        self._ghost: Dict[int, None] = {}  # page keys, oldest first (an ordered set)
+
+    def attach(self, cache: "PrefixCache") -> None:
+        self._small = max(1, int(cache.num_blocks * self.small_fraction))
+        self._main = max(1, cache.num_blocks - self._small)
+        self._page_bytes = cache.page_size * TOKEN_BYTES
+
+    def _page_key(self, node: Node, depth: int) -> int:
+        i = (depth - node.start) * self._page_bytes
+        return hash((depth, node.key[i : i + self._page_bytes]))
+
+    def on_insert(self, node: Node, now: int) -> None:
+        key = self._page_key(node, node.start)
+        if key in self._ghost:
+            del self._ghost[key]
+            node.policy_state = (self._time + self._main, _MAIN, 0)
+        else:
+            node.policy_state = (self._time + self._small, _SMALL, 0)
+        self._time += node.num_pages
+
+    def on_access(self, node: Node, now: int) -> None:
+        due, queue, uses = node.policy_state
+        if uses < 3:
+            node.policy_state = (due, queue, uses + 1)
+
+    def on_victim(self, node: Node) -> int:
+        due, queue, uses = node.policy_state
+        if queue == _SMALL:
+            if uses >= self.move_threshold:
+                node.policy_state = (self._time + self._main, _MAIN, 0)
+                return 0
+        elif uses:
+            node.policy_state = (self._time + self._main, _MAIN, uses - 1)
+            return 0
+        return node.num_pages
+
+    def _remember(self, node: Node, depth: int) -> None:
+        if node.policy_state[1] == _SMALL:
+            ghost = self._ghost
+            ghost[self._page_key(node, depth)] = None
+            if len(ghost) > self._main:
+                del ghost[next(iter(ghost))]
+
+    def on_truncate(self, node: Node) -> None:
+        self._remember(node, node.end)
+
+    def on_remove(self, node: Node) -> None:
+        self._remember(node, node.start)
+
+    def priority(self, node: Node) -> int:
+        return node.policy_state[0]
