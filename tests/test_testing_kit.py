@@ -191,3 +191,14 @@ def test_kit_catches_a_namespace_leak_with_a_shrunk_example():
 def test_state_machine_class_is_usable_as_a_test_case():
     machine = make_state_machine(lambda: FlatCache(4, 1), namespaces=(None,))
     assert hasattr(machine, "TestCase")
+
+
+@pytest.mark.parametrize("write_policy", ["write_back", "write_through"])
+def test_radixkv_with_lower_tiers_passes(write_policy):
+    from radixkv.tiers import HostTier, RemoteTier, TieredCache
+
+    def factory():
+        return RadixKVTarget(TieredCache(num_blocks=5, page_size=2, tiers=[HostTier(3), RemoteTier(2, num_hosts=2)],
+                                         write_policy=write_policy, load_back="always", enable_events=True))
+
+    run_conformance(factory, max_examples=60, loads_on_match=True)

@@ -44,6 +44,7 @@ def make_state_machine(
     max_pages: int = 4,
     exact_eviction: bool = True,
     admits_everything: bool = False,
+    loads_on_match: bool = False,
 ) -> Type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class that checks the cache ``factory()`` builds.
 
@@ -56,6 +57,10 @@ def make_state_machine(
             ``min(n, unprotected pages)`` (turn off for caches that may stop early).
         admits_everything: require ``insert`` to cache every new page
             (turn off for policies with admission control).
+        loads_on_match: the cache has lower tiers that ``match`` loads pages
+            back from (:class:`~radixkv.tiers.TieredCache`): a match may then
+            return more pages than ``contents()`` held, provided they appear in
+            ``contents()`` with the returned blocks (evicting at most as many).
 
     Use ``make_state_machine(...).TestCase`` as a unittest/pytest test class,
     or :func:`run_conformance`.
@@ -115,13 +120,18 @@ def make_state_machine(
             return len(dropped)
 
         def _match(self, tokens: List[int], namespace: Optional[Hashable]):
+            p = self.page_size
             expected = self._longest(tokens, namespace)
             m = self.cache.match(tokens, namespace=namespace)
             got = [int(b) for b in m.blocks]
-            assert m.num_tokens == len(expected) * self.page_size and got == expected, (
+            loaded = got[len(expected):] if loads_on_match and got[: len(expected)] == expected else []
+            assert m.num_tokens == len(got) * p and got == expected + loaded, (
                 f"match({tokens}, namespace={namespace!r}) returned {m.num_tokens} tokens in "
-                f"blocks {got}; cached pages say {len(expected) * self.page_size} tokens in {expected}")
-            self._observe("match")
+                f"blocks {got}; cached pages say {len(expected) * p} tokens in {expected}")
+            added = {(namespace, tuple(tokens[: (len(expected) + i + 1) * p])): b for i, b in enumerate(loaded)}
+            self._observe("match", max_dropped=len(loaded), added=added)
+            for key in added:
+                assert key in self.model, f"match returned page {key} loaded back but not cached"
             return m
 
         # -------------------------------------------------------- rules
