@@ -17,6 +17,8 @@ from . import policies
 from .cache import PrefixCache
 from .errors import RadixKVError
 from .replay import ReplayResult, replay
+from .sources import TRACE_FORMATS, open_trace
+from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, MISS_REASONS
 from .traces import FORMATS, TraceReader
 
 
@@ -27,18 +29,18 @@ def user_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (RadixKVError, ValueError, OSError) as exc:
+        except (RadixKVError, ValueError, TypeError, OSError) as exc:
             click.echo(f"radixkv: error: {exc}", err=True)
             sys.exit(2)
 
     return wrapper
 
 
-def progress(total: Optional[int], quiet: bool, desc: str):
+def progress(total: Optional[int], quiet: bool, desc: str, unit: str = "req"):
     """A tqdm bar on stderr with rate and ETA; silent when quiet or stderr is not a terminal."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="req", disable=quiet or not sys.stderr.isatty(),
+    return tqdm(total=total, desc=desc, unit=unit, disable=quiet or not sys.stderr.isatty(),
                 mininterval=0.5, dynamic_ncols=True, file=sys.stderr)
 
 
@@ -68,6 +70,32 @@ def policy_name(ctx, param, value):
     return value
 
 
+def bar_total(trace, quiet: bool) -> Optional[int]:
+    """Requests to expect when a progress bar will show (for its ETA), else ``None`` (no extra read)."""
+    return None if quiet or not sys.stderr.isatty() else trace.size_hint()
+
+
+def cost_options(fn: Callable) -> Callable:
+    """The --model / --hardware / --no-miss-reasons options of the replaying commands."""
+    from .costs import HARDWARE, MODELS
+
+    fn = click.option("--miss-reasons/--no-miss-reasons", default=True, show_default=True,
+                      help="Classify missed tokens by reason (memory: 8 bytes per distinct page).")(fn)
+    fn = click.option("--hardware", default=DEFAULT_HARDWARE, show_default=True, type=click.Choice(sorted(HARDWARE)),
+                      help="Accelerator for the TTFT saving estimate.")(fn)
+    return click.option("--model", default=DEFAULT_MODEL, show_default=True, type=click.Choice(sorted(MODELS)),
+                        help="Model for the prefill FLOPs / TTFT saving estimates.")(fn)
+
+
+def miss_rows(result: dict) -> list:
+    """Rows (reason, tokens, share of prompt tokens) of a replay result's misses, hits first."""
+    prompt = result["prompt_tokens"] or 1
+    rows = [{"miss_reason": "(hit)", "tokens": result["hit_tokens"], "share_of_prompt": result["hit_tokens"] / prompt}]
+    misses = result.get("miss_tokens_by_reason") or {}
+    return rows + [{"miss_reason": r, "tokens": misses[r], "share_of_prompt": misses[r] / prompt}
+                   for r in MISS_REASONS if r in misses]
+
+
 @click.group()
 @click.version_option(package_name="radixkv")
 def main() -> None:
@@ -79,8 +107,8 @@ def main() -> None:
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
 @click.option("--num-blocks", required=True, type=int, callback=positive, help="Cache capacity in blocks (pages).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="Trace format (default: detect).")
-@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -97,23 +125,33 @@ def main() -> None:
               help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
+@click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write one JSON record per request (hits, misses by reason, evictions) to this file.")
+@cost_options
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_json, quiet,
-               host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls, load_back) -> None:
-    """Replay TRACE (token or Mooncake JSONL) through one cache and report hit rates.
+               host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls, load_back,
+               records, model, hardware, miss_reasons) -> None:
+    """Replay TRACE (token, Mooncake or ShareGPT) through one cache and report hit rates,
+    misses by reason and the prefill compute saved.
 
     With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the JSON then
     adds hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
     from .tiers.config import build_cache
 
-    reader = TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)
+    reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back)
+    sink = open(records, "w", encoding="utf-8") if records else None
+    on_record = (lambda rec: sink.write(json.dumps(rec.as_dict()) + "\n")) if sink else None
     try:
-        with progress(limit, quiet, "replay") as bar:
-            result = replay(reader, cache, on_request=lambda r, h: bar.update())
+        with progress(bar_total(reader, quiet), quiet, "replay") as bar:
+            result = replay(reader, cache, on_request=lambda r, h: bar.update(), on_record=on_record,
+                            miss_reasons=miss_reasons, model=model, hardware=hardware)
     finally:
+        if sink is not None:
+            sink.close()
         if hasattr(cache, "close"):
             cache.close()
     out = result.as_dict()
@@ -130,6 +168,11 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
     else:
         click.echo(format_table([out], ["policy", "page_size", "num_blocks", "requests", "prompt_tokens",
                                         "hit_tokens", "token_hit_rate", "evicted_blocks", "wall_seconds"]))
+        if result.miss_tokens_by_reason:
+            click.echo()
+            click.echo(format_table(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"]))
+        click.echo(f"\nprefill saved: {result.prefill_flops_saved / 1e15:.4g} PFLOP, "
+                   f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
         if reader.skipped:
             click.echo(f"skipped {reader.skipped} malformed lines", err=True)
 
@@ -139,27 +182,194 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
               help="Requests in the generated trace.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Trace seed.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--out-dir", default="out", show_default=True, type=click.Path(file_okay=False),
+              help="Where to write demo.jsonl (one line per run) and demo.png.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
-def demo_cmd(num_requests, seed, page_size, quiet) -> None:
+def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
     """Replay a generated mixed workload (chat, RAG, agents, shared prompts, scans) through every
-    policy at three capacities and print the hit-rate table. Needs no trace file and no server."""
+    policy at five capacities, print the sweep table and plot hit rate against capacity (Belady
+    is the ceiling). Needs no trace file and no server."""
+    import os
+
     from .generators import generate
+    from .sweep import trace_curve
 
     requests = list(generate("mix", seed, num_requests))
     prompt_tokens = sum(len(r.tokens) for r in requests)
     pages = prompt_tokens // page_size
-    capacities = [max(1, pages // 100), max(1, pages // 20), max(1, pages // 5)]
+    capacities = sorted({max(1, pages // d) for d in (400, 150, 60, 25, 10)})
     click.echo(f"trace: mix, {len(requests)} requests, {prompt_tokens} prompt tokens, seed {seed}")
     rows = []
-    runs = [(p, c) for c in capacities for p in policies.available() if p != "belady"]
+    runs = [(p, c) for p in policies.available() for c in capacities]
     with progress(len(runs) * len(requests), quiet, "demo") as bar:
         for policy, capacity in runs:
             cache = PrefixCache(num_blocks=capacity, page_size=page_size, policy=policy)
             result = replay(requests, cache, on_request=lambda r, h: bar.update())
-            rows.append(result.as_dict())
-    click.echo(format_table(rows, ["policy", "num_blocks", "requests", "hit_tokens", "token_hit_rate",
-                                   "evicted_blocks", "wall_seconds"]))
+            rows.append({"trace": f"mix(seed={seed})", **result.as_dict()})
+    click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
+    curve = trace_curve(requests, page_size, capacities)
+    lru = [row["hit_tokens"] for row in rows if row["policy"] == "lru"]
+    click.echo(f"one-pass LRU curve equals the LRU replays at {len(capacities)} capacities: {curve.hit_tokens == lru}")
+    os.makedirs(out_dir, exist_ok=True)
+    write_jsonl(rows, os.path.join(out_dir, "demo.jsonl"))
+    try:
+        from .plot import plot_results
+
+        png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=f"mix workload, page {page_size}")
+        click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')} and {png}")
+    except RuntimeError as exc:  # matplotlib missing: the table is the demo
+        click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')}; no plot: {exc}")
+
+
+SWEEP_COLUMNS = ["policy", "num_blocks", "requests", "hit_tokens", "token_hit_rate", "request_hit_rate",
+                 "evicted_blocks", "prefill_pflops_saved", "ttft_saving_seconds", "wall_seconds"]
+
+
+def sweep_table_rows(rows: list) -> list:
+    """Sweep rows with the table's derived column (prefill PFLOPs saved)."""
+    return [{**row, "prefill_pflops_saved": row["prefill_flops_saved"] / 1e15} for row in rows]
+
+
+def named(option: str, parse: Callable, text: str):
+    """``parse(text)``, its ValueError prefixed with the option's name."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def write_jsonl(rows: list, path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+@main.command("sweep")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--policies", "policy_list", default="lru", show_default=True,
+              help="Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady.")
+@click.option("--capacities", required=True, help="Comma-separated capacities in blocks; k/M/G suffixes (1k = 1000).")
+@click.option("--jobs", default=1, show_default=True, type=int, callback=positive,
+              help="Parallel worker processes (each replays whole runs).")
+@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write one JSON line per (policy, capacity) to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON lines instead of the table.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@cost_options
+@user_errors
+def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, limit, skip_bad, output, as_json, quiet,
+              model, hardware, miss_reasons) -> None:
+    """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a markdown
+    table (and --output JSONL, one line per pair)."""
+    from .sweep import SweepJob, parse_capacities, parse_policies, run_sweep
+
+    names = named("--policies", parse_policies, policy_list)
+    caps = named("--capacities", parse_capacities, capacities)
+    open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)  # fail on a missing file before any work
+    jobs_list = [SweepJob(trace, p, c, page_size, fmt, limit, skip_bad, model, hardware, miss_reasons)
+                 for p in names for c in caps]
+    with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
+        rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
+    if output:
+        write_jsonl(rows, output)
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+    else:
+        click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
+        if rows and rows[0]["skipped_lines"]:
+            click.echo(f"skipped {rows[0]['skipped_lines']} malformed lines", err=True)
+
+
+@main.command("curve")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--capacities", required=True, help="Comma-separated capacities in blocks; k/M/G suffixes (1k = 1000).")
+@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@click.option("--limit", default=None, type=click.IntRange(min=0), help="Use only the first N requests.")
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Last line: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}.')
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@user_errors
+def curve_cmd(trace, page_size, capacities, fmt, limit, skip_bad, as_json, quiet) -> None:
+    """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
+    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each."""
+    from .sweep import parse_capacities, trace_curve
+
+    caps = named("--capacities", parse_capacities, capacities)
+    reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
+    with progress(bar_total(reader, quiet), quiet, "curve") as bar:
+        curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
+                            on_request=lambda r: bar.update())
+    if as_json:
+        click.echo(json.dumps({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
+                               "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
+                               "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
+                               "trace": trace, "skipped_lines": reader.skipped}))
+    else:
+        click.echo(f"{curve.requests} requests, {curve.prompt_tokens} prompt tokens, page size {page_size}; "
+                   f"no eviction at all: {curve.max_hit_tokens / max(curve.prompt_tokens, 1):.4f}")
+        click.echo(format_table([{"num_blocks": c, "hit_tokens": h, "token_hit_rate": r} for c, h, r in
+                                 zip(curve.capacities, curve.hit_tokens, curve.token_hit_rates)],
+                                ["num_blocks", "hit_tokens", "token_hit_rate"]))
+        if reader.skipped:
+            click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
+@main.command("plot")
+@click.argument("results", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="curve.png", show_default=True, type=click.Path(dir_okay=False),
+              help="PNG to write.")
+@click.option("--title", default="", help="Figure title.")
+@user_errors
+def plot_cmd(results, output, title) -> None:
+    """Plot RESULTS (JSONL of `radixkv sweep -o`, or `radixkv curve --json` output): token hit rate
+    and prefill saved against capacity, one line per policy, Belady dashed as the ceiling."""
+    from .plot import plot_results, read_results
+
+    rows = read_results(results)
+    try:
+        plot_results(rows, output, title=title)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"wrote {output}")
+
+
+@main.command("gen")
+@click.argument("kind")
+@click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same trace).")
+@click.option("--num-requests", default=1000, show_default=True, type=click.IntRange(min=0), help="Requests.")
+@click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Token JSONL file to write ('-': stdout).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A generator parameter (repeatable), e.g. --param zipf_alpha=1.2; values are JSON or text.")
+@user_errors
+def gen_cmd(kind, seed, num_requests, output, params) -> None:
+    """Write a seeded synthetic workload of KIND (system_prompt, multi_turn, rag, agent, long_doc_qa,
+    scan, mix) as token JSONL. Parameters and their meaning: `pydoc radixkv.generators`."""
+    from .generators import generate, write_token_jsonl
+
+    kwargs = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--param must be KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = value
+    requests = generate(kind, seed, num_requests, **kwargs)
+    if output == "-":
+        write_token_jsonl(requests, sys.stdout)
+    else:
+        count = write_token_jsonl(requests, output)
+        click.echo(f"wrote {count} requests to {output}", err=True)
 
 
 @main.command("cluster")

@@ -2,16 +2,19 @@
 
 Each request is admitted (match, protect, allocate, insert) and released at
 once, with the engine's logical clock ticking once per request. The exact
-rule set is in the README ("Replay semantics").
+rule set is in the README ("Replay semantics"). The counters, the miss
+reasons and the per-request records are those of :mod:`radixkv.stats`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, Iterable, Optional, Union
 
 from .cache import PrefixCache
+from .costs import HardwareSpec, ModelSpec
+from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord, other_namespace_pages
 from .traces import Request
 
 
@@ -31,6 +34,16 @@ class ReplayResult:
         evicted_blocks: blocks evicted during the replay.
         declined_blocks: new pages the policy declined to cache.
         wall_seconds: replay time, trace reading included.
+        admitted_blocks: new pages cached by the requests.
+        miss_tokens_by_reason: missed prompt tokens per reason of
+            :data:`radixkv.stats.MISS_REASONS`; with the hits they add up to
+            ``prompt_tokens``. Empty when replayed with ``miss_reasons=False``.
+        model, hardware: names of the specs behind the two estimates below.
+        prefill_flops_saved: sum over requests of ``prefill_flops(model, 0, hit_tokens)``.
+        ttft_saving_seconds: prefill seconds those hits saved, summed over requests
+            (:meth:`radixkv.costs.CostModel.ttft_saving_seconds`).
+        first_timestamp, last_timestamp: arrival times of the first and last
+            requests with one (``None`` when the trace has none).
     """
 
     policy: str
@@ -44,6 +57,14 @@ class ReplayResult:
     evicted_blocks: int
     declined_blocks: int
     wall_seconds: float
+    admitted_blocks: int = 0
+    miss_tokens_by_reason: Dict[str, int] = field(default_factory=dict)
+    model: str = DEFAULT_MODEL
+    hardware: str = DEFAULT_HARDWARE
+    prefill_flops_saved: int = 0
+    ttft_saving_seconds: float = 0.0
+    first_timestamp: Optional[float] = None
+    last_timestamp: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -54,11 +75,27 @@ def replay(
     cache: PrefixCache,
     *,
     on_request: Optional[Callable[[Request, int], None]] = None,
+    on_record: Optional[Callable[[RequestRecord], None]] = None,
+    miss_reasons: bool = True,
+    model: Union[str, ModelSpec] = DEFAULT_MODEL,
+    hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE,
 ) -> ReplayResult:
     """Replay ``requests`` in order through ``cache``; return the totals.
 
     ``on_request(request, hit_tokens)`` is called after each request (progress
-    bars, per-request records, invariant checks in tests).
+    bars, invariant checks in tests); ``on_record(record)`` gets each
+    request's :class:`~radixkv.stats.RequestRecord` (``radixkv replay
+    --records``). ``miss_reasons`` classifies every missed token (see
+    :mod:`radixkv.stats`; memory grows with the distinct pages ever cached).
+    ``model`` / ``hardware`` (specs or preset names of :mod:`radixkv.costs`)
+    price the hits in prefill FLOPs and seconds.
+
+    Requests must come in arrival order: a timestamp before the previous one
+    raises ValueError naming the request, before that request is admitted
+    (requests without a timestamp are not checked).
+
+    Cost: the cache's ``admit`` per request, plus O(pages) vectorized numpy
+    work per request with a miss for the miss reasons.
 
     An offline policy (``cache.policy.offline``, e.g. Belady) first gets the
     whole sequence through ``policy.prepare(requests, page_size, first_clock)``;
@@ -70,29 +107,47 @@ def replay(
         if iter(requests) is requests:
             requests = list(requests)
         cache.policy.prepare(requests, cache.page_size, cache.clock + 1)
-    evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
-    num_requests = prompt_tokens = hit_tokens = hit_requests = 0
-    admit = cache.admit
+    stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons)
+    admit, add, want_record = cache.admit, stats.add, on_record is not None
+    first_ts = last_ts = None
     for request in requests:
+        ts = request.timestamp
+        if ts is not None:
+            if last_ts is not None and ts < last_ts:
+                raise ValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
+                                 f"{last_ts!r}: replay needs requests in arrival order")
+            if first_ts is None:
+                first_ts = ts
+            last_ts = ts
+        other = other_namespace_pages(cache, request) if miss_reasons else 0
+        evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         admission = admit(request.tokens, namespace=request.namespace)
         admission.release()
         hit = admission.hit_tokens
-        num_requests += 1
-        prompt_tokens += len(request.tokens)
-        hit_tokens += hit
-        hit_requests += hit > 0
+        record = add(request, hit, len(admission.new_blocks), cache.declined_blocks - declined0,
+                     cache.evicted_blocks - evicted0, other, want_record=want_record)
         if on_request is not None:
             on_request(request, hit)
+        if record is not None:
+            on_record(record)
     return ReplayResult(
         policy=cache.policy.name,
         page_size=cache.page_size,
         num_blocks=cache.num_blocks,
-        requests=num_requests,
-        prompt_tokens=prompt_tokens,
-        hit_tokens=hit_tokens,
-        token_hit_rate=hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        request_hit_rate=hit_requests / num_requests if num_requests else 0.0,
-        evicted_blocks=cache.evicted_blocks - evicted0,
-        declined_blocks=cache.declined_blocks - declined0,
+        requests=stats.requests,
+        prompt_tokens=stats.prompt_tokens,
+        hit_tokens=stats.hit_tokens,
+        token_hit_rate=stats.hit_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0,
+        request_hit_rate=stats.hit_requests / stats.requests if stats.requests else 0.0,
+        evicted_blocks=stats.evicted_blocks,
+        declined_blocks=stats.declined_blocks,
         wall_seconds=time.perf_counter() - start,
+        admitted_blocks=stats.admitted_blocks,
+        miss_tokens_by_reason=dict(stats.miss_tokens_by_reason),
+        model=stats.model.name,
+        hardware=stats.hardware.name,
+        prefill_flops_saved=stats.prefill_flops_saved,
+        ttft_saving_seconds=stats.ttft_saving_seconds,
+        first_timestamp=first_ts,
+        last_timestamp=last_ts,
     )
