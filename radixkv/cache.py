@@ -413,13 +413,11 @@ class PrefixCache:
             if fit > free:
                 self._evict(fit - free)
             new = self._pool.take(fit)
-            leaf = self._add_pages(node, data, pos, new, now)
+            leaf = self._add_pages(node, data, pos, new, now, locked=True)
             if leaf is not None:
-                # Move the admission's lock from node down to the new leaf: the
+                # The admission's lock moves from node down to the new leaf: the
                 # path above already carries it, only the leaf's pages join.
-                leaf.lock_ref = 1
                 self._protected += leaf.num_pages
-                self._victims.discard(leaf)
                 holder = leaf
         if priority:
             self._retain(holder, priority, expires_at)
@@ -559,7 +557,8 @@ class PrefixCache:
         parts.reverse()
         return np.concatenate(parts)
 
-    def _add_pages(self, node: Node, data: bytes, start: int, blocks: np.ndarray, now: int) -> Optional[Node]:
+    def _add_pages(self, node: Node, data: bytes, start: int, blocks: np.ndarray, now: int,
+                   locked: bool = False) -> Optional[Node]:
         """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (owned by the caller)."""
         n = len(blocks)
         if n == 0:
@@ -571,7 +570,10 @@ class PrefixCache:
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
         self._policy.on_insert(leaf, now)
-        self._rank(leaf)
+        if locked:
+            leaf.lock_ref = 1  # born locked (admit): never queued, so no stale heap entry
+        else:
+            self._rank(leaf)
         if self._events is not None:
             self._events.stored(leaf)
         return leaf
