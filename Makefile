@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,plot,redis]'
 	touch $(STAMP)
 
-## make demo: replay a generated multi-workload trace with embedded defaults and print a hit-rate table
+## make demo: sweep a generated multi-workload trace over every policy; print the table, write out/demo.png
 demo: $(STAMP)
 	$(BIN)/radixkv demo
 

@@ -205,7 +205,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
     with progress(len(runs) * len(requests), quiet, "demo") as bar:
         for policy, capacity in runs:
             cache = PrefixCache(num_blocks=capacity, page_size=page_size, policy=policy)
-            result = replay(requests, cache, on_request=lambda r, h: bar.update())
+            result = replay(requests, cache, on_request=lambda r, h: bar.update(), miss_reasons=False)
             rows.append({"trace": f"mix(seed={seed})", **result.as_dict()})
     click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
     curve = trace_curve(requests, page_size, capacities)

@@ -157,10 +157,9 @@ class PageHistory:
             if run is None:
                 break
             m = min(len(run), n - d)
-            if m > 1:
+            if m > 1 and run[m - 1] != keys[d + m - 1]:  # equal last keys: equal prefixes, so all equal
                 differ = run[:m] != keys[d : d + m]
-                j = int(differ.argmax())
-                m = j if differ[j] else m
+                m = int(differ.argmax())
             d += m  # m >= 1: the run starts with keys[d]
         return d
 
@@ -293,15 +292,18 @@ class ReplayStats:
             covered = history.ever_cached(keys)
             seen = max(covered, h)  # hit pages were cached, unless the cache was filled before the replay
             out["evicted"] = (seen - h) * p
-            rest = np.ones(n - seen, dtype=bool)  # still to be explained: pages seen..n-1
-            if history.any_declined:
-                was_declined = history.declined_mask(keys)[seen:]
-                out["declined"] = int(was_declined.sum()) * p
-                rest &= ~was_declined
-            if other > seen:
-                out["other_namespace"] = int(rest[: other - seen].sum()) * p
-                rest[: other - seen] = False
-            out["first_sight"] = int(rest.sum()) * p
+            if history.any_declined or other > seen:
+                rest = np.ones(n - seen, dtype=bool)  # still to be explained: pages seen..n-1
+                if history.any_declined:
+                    was_declined = history.declined_mask(keys)[seen:]
+                    out["declined"] = int(was_declined.sum()) * p
+                    rest &= ~was_declined
+                if other > seen:
+                    out["other_namespace"] = int(rest[: other - seen].sum()) * p
+                    rest[: other - seen] = False
+                out["first_sight"] = int(rest.sum()) * p
+            else:
+                out["first_sight"] = (n - seen) * p
             history.add_cached(keys, covered, min(h + admitted, n))
             if declined:
                 history.add_declined(keys, n - declined)
