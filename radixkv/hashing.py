@@ -161,6 +161,60 @@ def namespace_extra_keys(namespace: Optional[Hashable], page_index: int) -> Opti
     return (namespace,)
 
 
+_BULK_TOKENS = 96  # from this many tokens on, encode in numpy
+
+
+def _cbor_uints(values: np.ndarray) -> Tuple[bytes, np.ndarray]:
+    """Canonical CBOR of each unsigned int in ``values`` (< 2**32), concatenated; and each one's length."""
+    v = values.astype(np.uint32, copy=False).ravel()
+    lens = np.where(v < 24, 1, np.where(v < 0x100, 2, np.where(v < 0x10000, 3, 5))).astype(np.int64)
+    m = np.zeros((len(v), 5), dtype=np.uint8)
+    b0, b1, b2, b3 = (v >> 24).astype(np.uint8), (v >> 16).astype(np.uint8), (v >> 8).astype(np.uint8), v.astype(np.uint8)
+    one, two, three, five = lens == 1, lens == 2, lens == 3, lens == 5
+    m[one, 0] = b3[one]
+    m[two, 0], m[two, 1] = 0x18, b3[two]
+    m[three, 0], m[three, 1], m[three, 2] = 0x19, b2[three], b3[three]
+    m[five, 0], m[five, 1], m[five, 2], m[five, 3], m[five, 4] = 0x1A, b0[five], b1[five], b2[five], b3[five]
+    return m[np.arange(5)[None, :] < lens[:, None]].tobytes(), lens
+
+
+def _chain_sha256_cbor(page_tokens: np.ndarray, parent: BlockHash, first_page: int,
+                       namespace: Optional[Hashable]) -> List[BlockHash]:
+    """:meth:`BlockHasher.chain` for ``sha256_cbor``: byte-identical, encoded in bulk."""
+    num_pages, page_size = page_tokens.shape
+    if page_tokens.size >= _BULK_TOKENS:
+        encoded, lens = _cbor_uints(page_tokens)
+        ends = np.cumsum(lens.reshape(num_pages, page_size).sum(axis=1)).tolist()
+    else:  # a few pages: numpy's per-call overhead would dominate
+        rows = [b"".join([_head(0, t) for t in row]) for row in page_tokens.tolist()]
+        encoded = b"".join(rows)
+        ends = np.cumsum([len(r) for r in rows]).tolist()
+    lead = b"\x83" + _head(2, 32)  # array(3) [ parent hash (32-byte string), tokens, extra keys ]
+    head = _head(4, page_size)
+    starts = [0] + ends[:-1]
+    suffixes = [head + encoded[a:b] + b"\xf6" for a, b in zip(starts, ends)]
+    if namespace is not None and first_page == 0:  # the namespace is the first page's extra key
+        suffixes[0] = suffixes[0][:-1] + cbor_dumps(namespace_extra_keys(namespace, 0))
+    sha = hashlib.sha256
+    out: List[BlockHash] = []
+    append = out.append
+    for suffix in suffixes:
+        parent = sha(lead + parent + suffix).digest()
+        append(parent)
+    return out
+
+
+def external_block_hashes(block_hashes: List[BlockHash]) -> List[int]:
+    """:func:`external_block_hash` of many hashes at once (one numpy pass)."""
+    if not block_hashes:
+        return []
+    joined = b"".join(block_hashes)
+    if len(joined) != 32 * len(block_hashes):  # not all SHA-256 digests (a custom hash function)
+        return [external_block_hash(h) for h in block_hashes]
+    words = np.frombuffer(joined, dtype=">u8").reshape(-1, 4)
+    return words[:, 3].tolist()
+
+
 class BlockHasher:
     """Chained page hashes with a fixed hash function and seed.
 
@@ -204,12 +258,16 @@ class BlockHasher:
               first_page: int, namespace: Optional[Hashable]) -> List[BlockHash]:
         """Hashes of consecutive pages (rows of ``page_tokens``) starting at page ``first_page``.
 
-        Engine-internal fast path: ``page_tokens`` is a 2-D array of whole pages.
-        Cost: one serialization and SHA-256 per page.
+        Engine-internal: ``page_tokens`` is a 2-D array of whole pages of
+        non-negative tokens. With ``sha256_cbor`` the pages are CBOR-encoded
+        all at once in numpy, leaving one SHA-256 call per page in Python
+        (about 1 us a page); other hash functions serialize page by page.
         """
+        parent = parent_block_hash or self.none_hash
+        if self.hash_function is sha256_cbor and page_tokens.size:
+            return _chain_sha256_cbor(page_tokens, parent, first_page, namespace)
         out: List[BlockHash] = []
         fn = self.hash_function
-        parent = parent_block_hash or self.none_hash
         for i, row in enumerate(page_tokens.tolist()):
             extra = namespace_extra_keys(namespace, first_page + i)
             parent = fn((parent, tuple(row), extra))
@@ -235,5 +293,5 @@ class BlockHasher:
 
 __all__ = [
     "BlockHash", "BlockHasher", "DEFAULT_HASH_SEED", "HASH_FUNCTIONS", "cbor_dumps",
-    "external_block_hash", "hash_block_tokens", "namespace_extra_keys", "sha256", "sha256_cbor",
+    "external_block_hash", "external_block_hashes", "hash_block_tokens", "namespace_extra_keys", "sha256", "sha256_cbor",
 ]
