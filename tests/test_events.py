@@ -80,6 +80,22 @@ def test_cbor_matches_cbor2_when_available():
         assert cbor_dumps(obj) == cbor2.dumps(obj, canonical=True)
 
 
+@settings(max_examples=150, deadline=None)
+@given(pages=st.integers(1, 12), page_size=st.integers(1, 17), first_page=st.integers(0, 1),
+       namespace=st.sampled_from([None, "", "salt", "tenant-9"]), parent=st.booleans(),
+       values=st.lists(st.sampled_from([0, 1, 23, 24, 255, 256, 65535, 65536, 2**31, 2**32 - 1]), min_size=1))
+def test_bulk_encoder_equals_the_generic_formula(pages, page_size, first_page, namespace, parent, values):
+    tokens = np.resize(np.array(values, dtype=np.uint32), (pages, page_size))
+    parent_hash = hashlib.sha256(b"parent").digest() if parent else None
+    fast = BlockHasher().chain(tokens, parent_hash, first_page, namespace)
+    slow, prev = [], parent_hash
+    for i, row in enumerate(tokens.tolist()):
+        extra = (namespace,) if namespace is not None and first_page + i == 0 else None
+        prev = hash_block_tokens(sha256_cbor, prev, row, extra)
+        slow.append(prev)
+    assert fast == slow
+
+
 def test_hasher_rejects_bad_arguments():
     with pytest.raises(ValueError, match="hash_fn"):
         BlockHasher("md5")
