@@ -246,6 +246,8 @@ class BlockHasher:
             raise TypeError(f"hash_seed must be a str (like PYTHONHASHSEED), got {hash_seed!r}")
         self.hash_seed = hash_seed
         self.none_hash: BlockHash = self.hash_function(hash_seed)
+        if not isinstance(self.none_hash, bytes) or len(self.none_hash) != 32:
+            raise ValueError(f"hash_fn must return 32-byte digests, got {self.none_hash!r}")
 
     def hash_block_tokens(self, parent_block_hash: Optional[BlockHash], curr_block_token_ids: Sequence[int],
                           extra_keys: Optional[Tuple[Any, ...]] = None) -> BlockHash:

@@ -101,6 +101,8 @@ def test_hasher_rejects_bad_arguments():
         BlockHasher("md5")
     with pytest.raises(TypeError, match="hash_seed"):
         BlockHasher(hash_seed=0)
+    with pytest.raises(ValueError, match="32-byte"):
+        BlockHasher(lambda obj: b"short")
     with pytest.raises(TypeError):
         cbor_dumps({1: 2})
     with pytest.raises(TypeError, match="namespace"):
