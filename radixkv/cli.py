@@ -353,6 +353,8 @@ def plot_cmd(results, output, title) -> None:
 def gen_cmd(kind, seed, num_requests, output, params) -> None:
     """Write a seeded synthetic workload of KIND (system_prompt, multi_turn, rag, agent, long_doc_qa,
     scan, mix) as token JSONL. Parameters and their meaning: `pydoc radixkv.generators`."""
+    import os
+
     from .generators import generate, write_token_jsonl
 
     kwargs = {}
@@ -366,7 +368,11 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
             kwargs[key.strip()] = value
     requests = generate(kind, seed, num_requests, **kwargs)
     if output == "-":
-        write_token_jsonl(requests, sys.stdout)
+        try:
+            write_token_jsonl(requests, sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `radixkv gen ... | head`: the reader has stopped, not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     else:
         count = write_token_jsonl(requests, output)
         click.echo(f"wrote {count} requests to {output}", err=True)
