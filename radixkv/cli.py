@@ -271,7 +271,8 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, limit, skip_
     names = named("--policies", parse_policies, policy_list)
     caps = named("--capacities", parse_capacities, capacities)
     open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)  # fail on a missing file before any work
-    jobs_list = [SweepJob(trace, p, c, page_size, fmt, limit, skip_bad, model, hardware, miss_reasons)
+    jobs_list = [SweepJob(trace, p, c, page_size=page_size, format=fmt, limit=limit, skip_bad=skip_bad,
+                          model=model, hardware=hardware, miss_reasons=miss_reasons)
                  for p in names for c in caps]
     with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
         rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
