@@ -11,7 +11,7 @@ proxy caches" (2000), LFU-DA.
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any
 
 from radixkv.tree import Node
 
@@ -36,9 +36,10 @@ class LFU(EvictionPolicy):
         node.policy_state = (self.age + freq, freq, now)
 
     def on_evict(self, node: Node, priority: Any) -> None:
-        if priority[0] > self.age:
-            self.age = priority[0]
+        value = priority >> 40
+        if value > self.age:
+            self.age = value
 
-    def priority(self, node: Node) -> Tuple[int, int]:
+    def priority(self, node: Node) -> int:
         value, _, last = node.policy_state
-        return (value, last)
+        return value << 40 | last  # (value, last) as one int: clocks stay below 2**40

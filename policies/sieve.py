@@ -15,8 +15,6 @@ inner node keeps its rank until it becomes a leaf.
 
 from __future__ import annotations
 
-from typing import Tuple
-
 from radixkv.tree import Node
 
 from .base import EvictionPolicy
@@ -49,6 +47,6 @@ class SIEVE(EvictionPolicy):
             return 0
         return node.num_pages
 
-    def priority(self, node: Node) -> Tuple[int, int]:
+    def priority(self, node: Node) -> int:
         state = node.policy_state
-        return (state[0], state[1])
+        return state[0] << 40 | state[1]  # (lap, seq) as one int: fewer than 2**40 inserts

@@ -13,8 +13,6 @@ size cap (a capped segment would need to demote its LRU node, a rank
 
 from __future__ import annotations
 
-from typing import Tuple
-
 from radixkv.tree import Node
 
 from .base import EvictionPolicy
@@ -36,6 +34,6 @@ class SLRU(EvictionPolicy):
     def on_access(self, node: Node, now: int) -> None:
         node.policy_state = (node.policy_state[0] + 1, now)
 
-    def priority(self, node: Node) -> Tuple[bool, int]:
+    def priority(self, node: Node) -> int:
         uses, last = node.policy_state
-        return (uses >= self.protected_threshold, last)
+        return (uses >= self.protected_threshold) << 40 | last  # (segment, last): clocks < 2**40

@@ -1,0 +1,455 @@
+"""Eviction policies: one conformance state machine per registered policy, exact eviction orders,
+Belady as the ceiling, retention priorities and pins, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixkv import LockError, PrefixCache, UnknownPolicyError, generators
+from radixkv.cli import main
+from radixkv.costs import CostModel, get_hardware, get_model
+from radixkv.policies import available, create
+from radixkv.policies.adaptive import AdaptiveRetention, solve_windows
+from radixkv.policies.belady import NEVER, Belady, next_uses
+from radixkv.policies.gdsf import GDSF
+from radixkv.replay import replay
+from radixkv.traces import Request
+
+from .strategies import cached_pages, longest_cached, snapshot
+
+
+# ---------------------------------------------------------------------------- conformance
+class PolicyMachine(RuleBasedStateMachine):
+    """Every public operation against a dict model of cached page prefixes, under one policy.
+
+    Evictions are observed (pages may only disappear by eviction), everything
+    else is predicted; pages under an unreleased admission, a lock or a pin
+    must never disappear.
+    """
+
+    policy_name = "lru"
+    sequences = Bundle("sequences")
+
+    @initialize(page_size=st.integers(1, 3), num_blocks=st.integers(1, 12))
+    def setup(self, page_size, num_blocks):
+        self.cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, policy=self.policy_name)
+        self.P = page_size
+        self.pages = {}        # (namespace, token prefix) -> block
+        self.admissions = []   # (admission, tokens)
+        self.locks = []        # (handle, tokens)
+        self.pins = []         # pinned token prefixes (whole pages)
+        self.held = []
+
+    def _sync(self):
+        actual = cached_pages(self.cache)
+        for key, block in actual.items():
+            assert self.pages.get(key) == block, f"page {key} appeared or moved to block {block}"
+        self.pages = actual
+
+    @rule(target=sequences, tokens=st.lists(st.integers(0, 2), max_size=10))
+    def new_sequence(self, tokens):
+        return tokens
+
+    @rule(target=sequences, base=sequences, extra=st.lists(st.integers(0, 2), min_size=1, max_size=6))
+    def extend(self, base, extra):
+        return base + extra
+
+    @rule(tokens=sequences, priority=st.sampled_from([0, 0, 1, 2]),
+          expires=st.one_of(st.none(), st.integers(0, 30)))
+    def admit(self, tokens, priority, expires):
+        expected = longest_cached(self.pages, tokens, self.P)
+        declined = self.cache.declined_blocks
+        adm = self.cache.admit(tokens, priority=priority, expires_at=expires)
+        assert adm.hit_tokens == len(expected) * self.P
+        assert adm.blocks[: len(expected)].tolist() == expected
+        want = len(tokens) // self.P - len(expected)
+        short = want - len(adm.new_blocks) - (self.cache.declined_blocks - declined)
+        assert short >= 0
+        if short:
+            assert self.cache.evictable_blocks == 0 and self.cache.num_free_blocks == 0
+        for i, block in enumerate(adm.blocks.tolist()):
+            self.pages[(None, tuple(tokens[: (i + 1) * self.P]))] = block
+        self._sync()
+        self.admissions.append((adm, tokens))
+
+    @precondition(lambda self: self.admissions)
+    @rule(index=st.integers(0, 20))
+    def release(self, index):
+        adm, _ = self.admissions.pop(index % len(self.admissions))
+        adm.release()
+
+    @rule(tokens=sequences, lock=st.booleans())
+    def match(self, tokens, lock):
+        expected = longest_cached(self.pages, tokens, self.P)
+        m = self.cache.match(tokens)
+        assert m.num_tokens == len(expected) * self.P
+        assert m.blocks.tolist() == expected
+        if lock:
+            self.cache.lock(m.node)
+            self.locks.append((m.node, tokens[: m.num_tokens]))
+
+    @precondition(lambda self: self.locks)
+    @rule(index=st.integers(0, 20))
+    def unlock(self, index):
+        handle, _ = self.locks.pop(index % len(self.locks))
+        self.cache.unlock(handle)
+
+    @rule(n=st.integers(0, 6))
+    def allocate(self, n):
+        possible = self.cache.num_free_blocks + self.cache.evictable_blocks
+        blocks = self.cache.allocate(n)
+        if n > possible:
+            assert blocks is None
+            return
+        assert blocks is not None and len(blocks) == n
+        self._sync()
+        self.held.extend(blocks.tolist())
+
+    @rule(tokens=sequences)
+    def insert(self, tokens):
+        m = self.cache.match(tokens)
+        matched = m.num_tokens // self.P
+        need = len(tokens) // self.P - matched
+        if len(self.held) < need:
+            return
+        new, self.held = self.held[:need], self.held[need:]
+        declined = self.cache.declined_blocks
+        assert self.cache.insert(tokens, m.blocks.tolist() + new) == matched
+        kept = need - (self.cache.declined_blocks - declined)
+        for i, block in enumerate(m.blocks.tolist() + new[:kept]):
+            self.pages[(None, tuple(tokens[: (i + 1) * self.P]))] = block
+        self._sync()
+
+    @precondition(lambda self: self.held)
+    @rule(count=st.integers(1, 4))
+    def free(self, count):
+        blocks, self.held = self.held[:count], self.held[count:]
+        self.cache.free(blocks)
+
+    @rule(n=st.integers(0, 8))
+    def evict(self, n):
+        evictable = self.cache.evictable_blocks
+        assert self.cache.evict(n) == min(n, evictable)
+
+    @rule(tokens=sequences)
+    def pin(self, tokens):
+        expected = longest_cached(self.pages, tokens, self.P)
+        pinned = self.cache.pin(tokens)
+        assert pinned == len(expected) * self.P
+        if pinned:
+            self.pins.append(tuple(tokens[:pinned]))
+
+    @rule(tokens=sequences)
+    def unpin(self, tokens):
+        full = tuple(tokens[: len(tokens) // self.P * self.P])
+        covering = [p for p in self.pins if full[: len(p)] == p]
+        if not covering:
+            before = snapshot(self.cache)
+            with pytest.raises(LockError):
+                self.cache.unpin(tokens)
+            assert snapshot(self.cache) == before
+            return
+        deepest = max(covering, key=len)
+        assert self.cache.unpin(tokens) == len(deepest)
+        self.pins.remove(deepest)
+
+    @invariant()
+    def consistent(self):
+        if not hasattr(self, "cache"):
+            return
+        self.cache.check()
+        self._sync()
+        for adm, tokens in self.admissions:
+            for i, block in enumerate(adm.blocks.tolist()):
+                assert self.pages.get((None, tuple(tokens[: (i + 1) * self.P]))) == block, "admitted page lost"
+        for handle, tokens in self.locks:
+            assert len(longest_cached(self.pages, tokens, self.P)) == len(tokens) // self.P, "locked page lost"
+        for prefix in self.pins:
+            assert len(longest_cached(self.pages, prefix, self.P)) == len(prefix) // self.P, "pinned page lost"
+        assert self.cache.num_held_blocks == len(self.held)
+
+    def teardown(self):
+        if not hasattr(self, "cache"):
+            return
+        for adm, _ in self.admissions:
+            adm.release()
+        for handle, _ in self.locks:
+            self.cache.unlock(handle)
+        for prefix in self.pins:
+            self.cache.unpin(list(prefix))
+        self.cache.check()
+        assert self.cache.protected_blocks == 0
+        evictable = self.cache.evictable_blocks
+        assert self.cache.evict(self.cache.num_blocks) == evictable
+        assert self.cache.num_cached_blocks == 0
+        self.cache.free(self.held)
+        assert self.cache.num_free_blocks == self.cache.num_blocks
+
+
+def _conformance(name: str):
+    machine = type(f"PolicyMachine_{name}", (PolicyMachine,), {"policy_name": name})
+    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+    return machine.TestCase
+
+
+for _name in available():
+    globals()[f"TestConformance_{_name.replace('-', '_')}"] = _conformance(_name)
+
+
+# ---------------------------------------------------------------------------- exact orders
+A, B, C, D = [1, 2, 3], [1, 2, 4], [5, 6], [7]
+SCRIPT = [A, B, C, C, C, D, B]  # clock 1..7
+PAGES = {(1,), (1, 2), (1, 2, 3), (1, 2, 4), (5,), (5, 6), (7,)}
+
+
+def eviction_order(policy, future=()):
+    """Admit SCRIPT (page size 1, no pressure), then evict one page at a time; the pages in order."""
+    cache = PrefixCache(num_blocks=16, page_size=1, policy=policy)
+    if isinstance(cache.policy, Belady):
+        cache.policy.prepare([Request(np.array(r, dtype=np.uint32)) for r in SCRIPT + list(future)], 1)
+    for tokens in SCRIPT:
+        cache.admit(tokens).release()
+    before = set(k[1] for k in cached_pages(cache))
+    assert before == PAGES
+    order = []
+    while before:
+        assert cache.evict(1) == 1
+        cache.check()
+        after = set(k[1] for k in cached_pages(cache))
+        (gone,) = before - after
+        order.append(gone)
+        before = after
+    return [list(p) for p in order]
+
+
+EXPECTED_ORDERS = {
+    # last use: [1,2,3] t1, [5,6] t5, [7] t6, [1,2,4] t7; deepest first on ties
+    "lru": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
+    # insertion: [1,2,3] (and its upper part [1,2]) t1, [4] t2, [5,6] t3, [7] t6
+    "fifo": [[1, 2, 3], [1, 2, 4], [1, 2], [1], [5, 6], [5], [7]],
+    # values L+freq: [3] 1, [7] 1 (newer), [4] 2, [5,6] 3 (t5), [1,2] 3 (t7)
+    "lfu": [[1, 2, 3], [7], [1, 2, 4], [5, 6], [5], [1, 2], [1]],
+    # probationary (used once) [3], [7] first, then protected by last use
+    "slru": [[1, 2, 3], [7], [5, 6], [5], [1, 2, 4], [1, 2], [1]],
+    # hand: [3] unvisited -> out; [4], [5,6] visited -> spared; [7] out; [4] out; [1,2] spared; [5,6] out
+    "sieve": [[1, 2, 3], [7], [1, 2, 4], [5, 6], [5], [1, 2], [1]],
+    # S due 1; [4], [5,6] used in S -> main; [7] out; main ties go deepest first, then queue order
+    "s3fifo": [[1, 2, 3], [7], [1, 2, 4], [5, 6], [1, 2], [5], [1]],
+    # value = freq * recompute cost of the tail page (a + b*depth): [7] a, [3] a+2b, [4] 2(a+2b),
+    # [5,6] 3(a+b) = [1,2] 3(a+b) -> older first
+    "gdsf": [[7], [1, 2, 3], [1, 2, 4], [5, 6], [5], [1, 2], [1]],
+    # windows all 0 before the first solve: LRU
+    "adaptive": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ORDERS))
+def test_exact_eviction_order(name):
+    assert eviction_order(name) == EXPECTED_ORDERS[name]
+
+
+def test_every_registered_policy_has_a_pinned_order():
+    assert set(available()) == set(EXPECTED_ORDERS) | {"belady"}
+
+
+def test_belady_order_follows_next_use():
+    # future: [7] at t8, [1,2,3] at t9, [5] at t10; [1,2,4] and [5,6] are never used again
+    order = eviction_order("belady", future=[[7], [1, 2, 3], [5]])
+    assert order == [[1, 2, 4], [5, 6], [5], [1, 2, 3], [1, 2], [1], [7]]
+
+
+def test_adaptive_order_follows_learned_windows():
+    policy = AdaptiveRetention(solve_every=1000)
+    # class = use level * 4 + size class; these requests are all in size class 0
+    policy.windows = np.array([0.0, 0, 0, 0, 10, 0, 0, 0, 10, 0, 0, 0])
+    # deadlines: [3] 1, [7] 6, [5,6] 5+10, [4] 7+10, [1,2] 7+10
+    assert eviction_order(policy) == [[1, 2, 3], [7], [5, 6], [5], [1, 2, 4], [1, 2], [1]]
+
+
+# ---------------------------------------------------------------------------- Belady
+def _trace(kind, seed, n):
+    params = {"multi_turn": {}, "system_prompt": {}, "mix": {}}[kind]
+    return list(generators.generate(kind, seed, n, **params))
+
+
+@pytest.mark.parametrize("kind,seed,num_blocks", [
+    ("multi_turn", 1, 64), ("multi_turn", 2, 256), ("mix", 3, 128), ("mix", 4, 512),
+    ("system_prompt", 5, 48),
+])
+def test_belady_is_the_ceiling(kind, seed, num_blocks):
+    requests = _trace(kind, seed, 150)
+    hits = {}
+    for name in available():
+        cache = PrefixCache(num_blocks=num_blocks, page_size=16, policy=name)
+        hits[name] = replay(requests, cache).hit_tokens
+        cache.check()
+    online = {k: v for k, v in hits.items() if k != "belady"}
+    assert hits["belady"] >= max(online.values()), hits
+    assert hits["belady"] > hits["lru"] or hits["lru"] == sum(len(r.tokens) for r in requests)
+
+
+def test_next_uses_matches_a_naive_scan():
+    rng = np.random.default_rng(7)
+    requests = []
+    for _ in range(60):
+        base = [rng.integers(0, 3, size=int(rng.integers(0, 12))).astype(np.uint32)]
+        requests.append(Request(np.concatenate(base), namespace=str(rng.integers(0, 2)) if rng.random() < 0.3 else None))
+    nxt, offsets = next_uses(requests, 2)
+    keys = [[(r.namespace, tuple(r.tokens[: 2 * (d + 1)].tolist())) for d in range(len(r.tokens) // 2)]
+            for r in requests]
+    for i, row in enumerate(keys):
+        for d, key in enumerate(row):
+            later = [j for j in range(i + 1, len(keys)) if key in keys[j]]
+            assert nxt[offsets[i] + d] == (later[0] if later else NEVER), (i, d)
+
+
+def test_belady_declines_pages_never_used_again():
+    cache = PrefixCache(num_blocks=8, page_size=2, policy="belady")
+    requests = [Request(np.array(t, dtype=np.uint32)) for t in ([1, 1, 2, 2], [1, 1, 3, 3], [1, 1, 2, 2])]
+    result = replay(requests, cache)
+    # [1,1] and [1,1,2,2] are used again; the second page of [1,1,3,3] never is
+    assert result.hit_tokens == 2 + 4
+    assert result.declined_blocks == 1
+
+
+def test_replay_cli_runs_the_belady_prepass(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rows = [[1, 2, 3, 4], [1, 2, 5, 6], [1, 2, 3, 4], [9, 9, 9, 9], [1, 2, 3, 4]]
+    path.write_text("".join(json.dumps({"tokens": r}) + "\n" for r in rows))
+    out = {}
+    for name in ("lru", "belady", "cost"):
+        res = CliRunner().invoke(main, ["replay", str(path), "--policy", name, "--page-size", "2",
+                                        "--num-blocks", "2", "--json", "--quiet"])
+        assert res.exit_code == 0, res.output
+        out[name] = json.loads(res.output.strip().splitlines()[-1])
+    assert out["cost"]["policy"] == "gdsf"
+    assert out["belady"]["hit_tokens"] > out["lru"]["hit_tokens"]
+
+
+# ---------------------------------------------------------------------------- retention and pins
+def _filled(priorities=(0, 0), expires=(None, None)):
+    cache = PrefixCache(num_blocks=4, page_size=1)
+    cache.admit([1, 1], priority=priorities[0], expires_at=expires[0]).release()   # clock 1, older
+    cache.admit([2, 2], priority=priorities[1], expires_at=expires[1]).release()   # clock 2
+    return cache
+
+
+def test_higher_priority_is_evicted_later():
+    cache = _filled(priorities=(3, 0))
+    cache.evict(2)
+    assert cache.match([1, 1]).num_tokens == 2 and cache.match([2, 2]).num_tokens == 0
+    cache.check()
+
+
+def test_priority_expires_back_to_class_zero():
+    cache = _filled(priorities=(3, 0), expires=(4, None))
+    cache.match([9])  # clock 3: still class 3
+    cache.evict(1)
+    assert cache.match([2, 2]).num_tokens == 1  # clock 4; the class-0 [2,2] lost its tail
+    cache.match([9])  # clock 5: past expiry
+    cache.evict(2)  # [1,1] (last use 1) now goes before [2] (last use 4)
+    assert cache.match([1, 1]).num_tokens == 0 and cache.match([2]).num_tokens == 1
+    cache.check()
+
+
+def test_pin_survives_eviction_and_unlock_until_unpinned():
+    cache = PrefixCache(num_blocks=4, page_size=2)
+    cache.admit([1, 1, 2, 2]).release()
+    assert cache.pin([1, 1, 2, 2, 3]) == 4
+    assert cache.evict(4) == 0
+    handle = cache.match([1, 1, 2, 2]).node
+    with pytest.raises(LockError):
+        cache.unlock(handle)  # the pin's lock is not the caller's to release
+    assert cache.unpin([1, 1, 2, 2]) == 4
+    assert cache.evict(4) == 2
+    cache.check()
+
+
+def test_pin_of_nothing_cached_records_nothing():
+    cache = PrefixCache(num_blocks=4, page_size=2)
+    assert cache.pin([5, 5, 6, 6]) == 0
+    with pytest.raises(LockError):
+        cache.unpin([5, 5, 6, 6])
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_unknown_policy_lists_the_available_ones():
+    with pytest.raises(UnknownPolicyError) as err:
+        PrefixCache(num_blocks=4, policy="mru")
+    for name in available():
+        assert name in str(err.value)
+    assert "cost" in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs,exc,word", [
+    ({"priority": -1}, ValueError, "priority"), ({"priority": 1.5}, TypeError, "priority"),
+    ({"priority": True}, TypeError, "priority"), ({"priority": 1, "expires_at": -3}, ValueError, "expires_at"),
+    ({"priority": 1, "expires_at": "soon"}, TypeError, "expires_at"),
+])
+def test_bad_retention_arguments_leave_the_cache_unchanged(kwargs, exc, word):
+    cache = _filled()
+    before, clock = snapshot(cache), cache.clock
+    with pytest.raises(exc, match=word):
+        cache.admit([1, 1, 7], **kwargs)
+    assert snapshot(cache) == before and cache.clock == clock
+    cache.check()
+
+
+def test_unpin_of_something_not_pinned_leaves_the_cache_unchanged():
+    cache = _filled()
+    cache.pin([1, 1])
+    before = snapshot(cache)
+    with pytest.raises(LockError, match="no pin"):
+        cache.unpin([2, 2])
+    assert snapshot(cache) == before
+
+
+def test_policy_options_are_checked():
+    with pytest.raises(ValueError, match="protected_threshold"):
+        create("slru", protected_threshold=0)
+    with pytest.raises(ValueError, match="small_fraction"):
+        create("s3fifo", small_fraction=1.5)
+    with pytest.raises(TypeError, match="cost_model"):
+        GDSF(cost_model="llama")
+    with pytest.raises(ValueError, match="page_size"):
+        PrefixCache(num_blocks=4, page_size=16,
+                    policy=GDSF(CostModel(get_model("llama-3-8b"), get_hardware("h100"), 32)))
+
+
+# ---------------------------------------------------------------------------- cost and learning
+def test_gdsf_defaults_to_llama_on_h100_at_the_cache_page_size():
+    cache = PrefixCache(num_blocks=4, page_size=8, policy="gdsf")
+    model = cache.policy.cost_model
+    assert (model.model.name, model.hardware.name, model.page_size) == ("llama-3-8b", "h100", 8)
+
+
+def test_gdsf_restore_cost_takes_the_cheapest_copy():
+    policy = GDSF(copies=lambda node: ("host",))
+    PrefixCache(num_blocks=4, page_size=16, policy=policy)
+    cost = policy.cost_model
+    deep = 10_000
+    assert policy.restore_seconds(None, deep) == min(cost.page_recompute_seconds(deep),
+                                                     cost.page_transfer_seconds("host"))
+
+
+def test_solve_windows_keeps_the_class_that_is_reused():
+    uses = np.array([100.0, 100.0])
+    gaps = np.zeros((2, 34))
+    gaps[0, 1 + int(2 * np.log2(10))] = 90.0  # class 0: reused after 10 ticks
+    windows = solve_windows(uses, gaps, budget=100 * 12.0)
+    assert windows[0] >= 10 and windows[1] == 0
+
+
+def test_policies_are_deterministic():
+    requests = _trace("mix", 11, 80)
+    for name in available():
+        runs = [replay(requests, PrefixCache(num_blocks=96, page_size=16, policy=name)).hit_tokens
+                for _ in range(2)]
+        assert runs[0] == runs[1], name
