@@ -32,6 +32,7 @@ import numpy as np
 from .. import policies as _policies
 from ..cache import Admission, NodeHandle, PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
+from ..events import TIER_MEDIUM
 from ..keys import TokensLike, as_tokens
 from ..tree import Node
 from .base import Tier, TierConfigError
@@ -275,6 +276,10 @@ class TieredCache(PrefixCache):
         blocks = node.blocks[node.num_pages - k:]
         pages = self._pool.data[blocks] if self._pool.data is not None else None
         self._stack.put(root, data, node.end - k, node.end, pages)
+        if self._events is not None:
+            first = self._stack.tiers[0].name
+            self._events.demoted(node, range(node.num_pages - k, node.num_pages),
+                                 medium=TIER_MEDIUM.get(first, first.upper()))
 
     def _descend(self, root: Node, data: bytes, num_pages: int):
         node, pos = super()._descend(root, data, num_pages)
@@ -302,8 +307,13 @@ class TieredCache(PrefixCache):
             if payload is not None:
                 self._pool.data[blocks] = payload
             leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            offset = 0
             for name, pages in by_tier:
                 self._hit_pages[name] += pages
+                if self._events is not None and leaf is not None:
+                    self._events.promoted(leaf, range(offset, min(offset + pages, leaf.num_pages)),
+                                          source_medium=TIER_MEDIUM.get(name, name.upper()))
+                offset += pages
             return leaf, pos + got
         finally:
             self._unlock_node(node)
