@@ -18,7 +18,6 @@ from radixkv.reference import ReferenceLru, reference_lru_replay
 from radixkv.traces import expand_mooncake
 
 CONVERSATION = "../shared/traces/mooncake_conversation.jsonl"
-needs_trace = pytest.mark.skipif(not os.path.exists(CONVERSATION), reason=f"{CONVERSATION} not present")
 
 
 @st.composite
@@ -157,7 +156,6 @@ def test_mooncake_direct_equals_token_expansion(records, page_size):
     assert (got.hit_tokens, got.prompt_tokens, got.requests) == (expected.hit_tokens, expected.prompt_tokens, expected.requests)
 
 
-@needs_trace
 def test_conversation_slice_curve_reference_and_direct_agree(tmp_path):
     with open(CONVERSATION, encoding="utf-8") as f:
         lines = list(itertools.islice(f, 300))
@@ -179,7 +177,6 @@ def test_conversation_slice_curve_reference_and_direct_agree(tmp_path):
         assert direct == expanded, f"page_size {page_size}"
 
 
-@needs_trace
 def test_conversation_block_level_matches_published_figures():
     # The traces README: one page per hash id (the partial last block counts
     # as a block): 4.45% at 1,000 blocks, 13.61% at 5,859, 36.6% unlimited.
