@@ -238,7 +238,7 @@ class PrefixCache:
         """
         data, num_pages = self._pages(tokens)
         self._clock += 1
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         if root is None:
             root = self._tree.root(namespace)
         node, pos = self._descend(root, data, num_pages)
@@ -276,7 +276,7 @@ class PrefixCache:
         (0, 4, 2)
         """
         data, num_pages = self._pages(tokens)
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         if root is None:
             return 0
         node, pos = self._descend(root, data, num_pages)
@@ -293,7 +293,7 @@ class PrefixCache:
         prefix of ``tokens``. O(depth).
         """
         data, num_pages = self._pages(tokens)
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         node = None
         if root is not None and self._pins:
             node = self._tree.walk(root, data, num_pages)[0]
@@ -349,7 +349,7 @@ class PrefixCache:
         if len(arr) != num_pages:
             raise InvalidBlocksError(
                 f"blocks must hold one id per full page ({num_pages}), got {len(arr)}")
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         node, pos, child, common = (
             self._tree.walk(root, data, num_pages) if root is not None else (None, 0, None, 0))
         present = pos + common
@@ -396,7 +396,7 @@ class PrefixCache:
             _check_retention(priority, expires_at)
         self._clock += 1
         now = self._clock
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         if root is None:
             root = self._tree.root(namespace)
         node, pos = self._descend(root, data, num_pages)
@@ -517,6 +517,12 @@ class PrefixCache:
         return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ internals
+    def _existing_root(self, namespace: Optional[str]) -> Optional[Node]:
+        """The root of ``namespace`` if it exists; raises on a namespace that is not a str (or None)."""
+        if namespace is not None and type(namespace) is not str:
+            raise TypeError(f"namespace must be a str or None, got {namespace!r}")
+        return self._tree._roots.get(namespace)
+
     def _pages(self, tokens: TokensLike):
         arr = as_tokens(tokens)
         num_pages = len(arr) // self.page_size

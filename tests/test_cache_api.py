@@ -232,3 +232,11 @@ def test_insert_returns_present_pages_and_gives_back_duplicates():
     assert cache.num_free_blocks == 8 - 4
     assert cache.match([1, 2, 3, 4]).blocks.tolist() == first.tolist() + [second[3]]
     cache.check()
+
+
+@pytest.mark.parametrize("namespace", [["a"], 3, ("a",), b"x"])
+def test_namespace_must_be_a_string(namespace):
+    for call in (lambda c: c.match([1, 2], namespace=namespace),
+                 lambda c: c.admit([1, 2], namespace=namespace),
+                 lambda c: c.insert([1, 2], [int(c.held[0])], namespace=namespace)):
+        unchanged(call, TypeError)

@@ -219,7 +219,7 @@ class TieredCache(PrefixCache):
         For routers (cache-aware request routing). Cost: two read-only walks.
         """
         data, num_pages = self._pages(tokens)
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         if root is None:
             return 0, 0
         node, pos, child, common = self._tree.walk(root, data, num_pages)
@@ -237,7 +237,7 @@ class TieredCache(PrefixCache):
         if self._exclusive or self._selective or not len(admission.new_blocks) or not self._stack.tiers:
             return admission
         data, _ = self._pages(tokens)
-        root = self._tree._roots.get(namespace)
+        root = self._existing_root(namespace)
         return _CopyDownAdmission(admission, root, data, admission.hit_tokens // self.page_size)
 
     def insert(self, tokens: TokensLike, blocks, *, namespace: Optional[str] = None) -> int:
