@@ -412,8 +412,8 @@ class PrefixCache:
             fit = min(keep, free + self._cached - self._protected)
             if fit > free:
                 self._evict(fit - free)
-            new = self._pool.take(fit)
-            leaf = self._add_pages(node, data, pos, new, now, locked=True)
+            new = self._pool.take(fit, CACHED)
+            leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             if leaf is not None:
                 # The admission's lock moves from node down to the new leaf: the
                 # path above already carries it, only the leaf's pages join.
@@ -564,14 +564,16 @@ class PrefixCache:
         return np.concatenate(parts)
 
     def _add_pages(self, node: Node, data: bytes, start: int, blocks: np.ndarray, now: int,
-                   locked: bool = False) -> Optional[Node]:
-        """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (owned by the caller)."""
+                   locked: bool = False, already_cached: bool = False) -> Optional[Node]:
+        """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (held by the caller, or
+        ``already_cached`` when taken from the pool straight into state cached)."""
         n = len(blocks)
         if n == 0:
             return None
         pb = self._tree.page_bytes
         leaf = self._tree.add_leaf(node, data[start * pb : (start + n) * pb], blocks)
-        self._pool.set_state(blocks, CACHED)
+        if not already_cached:
+            self._pool.set_state(blocks, CACHED)
         self._cached += n
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
@@ -640,9 +642,16 @@ class PrefixCache:
         if self._expiry_heap:
             self._expire()
         freed = 0
-        victims, tree, pool, policy = self._victims, self._tree, self._pool, self._policy
+        victims, tree, policy = self._victims, self._tree, self._policy
         on_victim = policy.on_victim
+        # Hooks the policy leaves at the base class's no-op are not called at all.
+        base = _policies.EvictionPolicy
+        cls = type(policy)
+        on_evict = policy.on_evict if cls.on_evict is not base.on_evict else None
+        on_truncate = policy.on_truncate if cls.on_truncate is not base.on_truncate else None
+        on_remove = policy.on_remove if cls.on_remove is not base.on_remove else None
         spill = self._spill
+        dropped = []  # blocks go back to the pool in one batch at the end
         while freed < n:
             node = victims.peek()
             if node is None:
@@ -655,23 +664,28 @@ class PrefixCache:
                     continue
                 k = min(k, run)
             k = min(k, n - freed)
-            policy.on_evict(node, victims.peek_key()[1])
+            if on_evict is not None:
+                on_evict(node, victims.peek_key()[1])
             if self._events is not None:
                 self._events.removed(node.blocks[node.num_pages - k :])
             if spill is not None:  # a tier layer demotes the pages instead of dropping them
                 spill(node, k)
-            pool.give_back(tree.truncate(node, k))
+            dropped.append(tree.truncate(node, k))
             self._cached -= k
             freed += k
             if node.gen >= 0:
-                policy.on_truncate(node)
+                if on_truncate is not None:
+                    on_truncate(node)
                 self._rank(node)
             else:
                 victims.discard(node)
-                policy.on_remove(node)
+                if on_remove is not None:
+                    on_remove(node)
                 if self._expiry:
                     self._expiry.pop(node, None)
                 self._rank(node.parent)
+        if dropped:
+            self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
         self.evicted_blocks += freed
         return freed
 

@@ -55,12 +55,13 @@ class BlockPool:
         """Blocks on the free list. O(1)."""
         return self._num_free
 
-    def take(self, n: int) -> np.ndarray:
-        """Move ``n`` free blocks to ``HELD`` and return their ids; caller checked ``n <= num_free``."""
+    def take(self, n: int, state: int = HELD) -> np.ndarray:
+        """Move ``n`` free blocks to ``state`` (``HELD``, or ``CACHED`` when the tree takes them at
+        once) and return their ids; the caller checked ``n <= num_free``."""
         top = self._num_free
         blocks = self._free[top - n : top][::-1].copy()
         self._num_free = top - n
-        self._state[blocks] = HELD
+        self._state[blocks] = state
         return blocks
 
     def give_back(self, blocks: np.ndarray) -> None:

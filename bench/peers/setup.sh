@@ -47,7 +47,10 @@ fi
 # 3. what their cache modules import, pinned, without dependency resolution
 "${PIP[@]}" install --no-deps -r "$HERE/requirements.txt"
 
-# 4. check the imports the drivers use
+# 4. radixkv itself, from this checkout (editable), for compare.py's side-by-side runs
+"${PIP[@]}" install --no-deps -e "$HERE/../.."
+
+# 5. check the imports the drivers use
 PEERS_DIR="$HERE" "$VENV/bin/python" - <<'PY'
 import os, sys, warnings
 sys.path.insert(0, os.environ.get("PEERS_DIR", "."))

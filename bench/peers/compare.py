@@ -1,0 +1,101 @@
+"""radixkv vs SGLang's RadixCache vs vLLM's BlockPool, alternating in one process.
+
+    bash bench/peers/setup.sh                  # once: the peers' venv
+    bench/peers/.venv/bin/python bench/peers/compare.py [--repeat 3] [--limit N] [--out results/compare.jsonl]
+
+For each trace (both Mooncake traces) and capacity (187488 and 31248 pages of
+16 tokens: 3M and 0.5M tokens), each repetition replays radixkv, SGLang and
+vLLM in turn (rotating who goes first) over the same pre-expanded prompts, so
+machine noise hits all three alike. The rate is taken over the time spent in
+the cache calls; the fastest repetition of each is reported, with every rate
+listed. radixkv runs from this checkout (setup.sh installs it editable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import _common  # noqa: E402
+from drive_sglang import replay_sglang  # noqa: E402
+from drive_vllm import replay_vllm  # noqa: E402
+
+from radixkv import PrefixCache  # noqa: E402
+
+
+def replay_radixkv(requests, page_size: int = 16, num_blocks: int = 187488) -> dict:
+    """The same loop as the peer drivers: per request admit + release, timed around the cache calls."""
+    cache = PrefixCache(num_blocks=num_blocks, page_size=page_size)
+    tally = _common.Tally()
+    clock = time.perf_counter_ns
+    wall0 = time.perf_counter()
+    for tokens in requests:
+        t0 = clock()
+        adm = cache.admit(tokens)
+        adm.release()
+        tally.ns.append(clock() - t0)
+        tally.requests += 1
+        tally.prompt_tokens += len(tokens)
+        tally.hit_tokens += adm.hit_tokens
+    tally.wall = time.perf_counter() - wall0
+    return tally.summary()
+
+
+PEERS = {"radixkv": replay_radixkv, "sglang": replay_sglang, "vllm": replay_vllm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", nargs="+", default=["mooncake_conversation", "mooncake_synthetic"])
+    parser.add_argument("--capacities", nargs="+", type=int, default=[187488, 31248])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--peers", nargs="+", default=list(PEERS))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    for trace_name in args.traces:
+        trace = _common.MooncakeTrace(os.path.join(_common.TRACES, trace_name + ".jsonl"), args.limit)
+        # radixkv takes uint32 tokens; the peers get the same ids in their own formats.
+        prompts = [p.astype(np.uint32) for p in trace]
+        for capacity in args.capacities:
+            runs = {peer: [] for peer in args.peers}
+            for rep in range(args.repeat):
+                order = args.peers[rep % len(args.peers):] + args.peers[: rep % len(args.peers)]
+                for peer in order:
+                    gc.collect()
+                    runs[peer].append(PEERS[peer](prompts, args.page_size, capacity))
+            best = {peer: max(rs, key=lambda r: r["requests_per_second"]) for peer, rs in runs.items()}
+            row = {
+                "trace": trace_name, "num_blocks": capacity, "page_size": args.page_size,
+                "requests": best[args.peers[0]]["requests"], "repeat": args.repeat,
+                "load_avg_1m": os.getloadavg()[0], "machine": _common.machine(),
+                "peers": {peer: {"requests_per_second": b["requests_per_second"],
+                                 "all_rates": [r["requests_per_second"] for r in runs[peer]],
+                                 "per_request_us": b["per_request_us"],
+                                 "hit_tokens": b["hit_tokens"],
+                                 "token_hit_rate": round(b["token_hit_rate"], 5)}
+                          for peer, b in best.items()},
+            }
+            if "radixkv" in best:
+                base = best["radixkv"]["requests_per_second"]
+                row["speedup"] = {peer: round(base / b["requests_per_second"], 2)
+                                  for peer, b in best.items() if peer != "radixkv"}
+            line = json.dumps(row)
+            print(line, flush=True)
+            if args.out:
+                with open(args.out, "a") as fh:
+                    fh.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
