@@ -7,7 +7,10 @@ Two tree shapes at the same page count:
 * ``chat``: multi-turn sessions that extend their own history (long shared
   chains; the shape of the Mooncake traces);
 * ``fanout``: every request shares a short system prompt, then diverges after
-  a few pages (many short leaves: the worst realistic shape).
+  a few pages (many short leaves: the worst realistic shape);
+* ``trace``: the Mooncake conversation trace replayed at ``--trace-blocks``
+  (187,488 = 3M tokens), measured at the end of the replay: the figure
+  directly comparable with ``bench/peers`` (SGLang and vLLM on the same replay).
 
 Only allocations made by radixkv's own code are counted (the workload's token
 arrays are not); the block pool's fixed arrays are allocated before the
@@ -25,6 +28,8 @@ import numpy as np
 
 from radixkv import PrefixCache
 
+TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     "shared", "traces", "mooncake_conversation.jsonl")
 ROOTS = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), d) for d in ("radixkv", "policies")]
 
 
@@ -51,8 +56,17 @@ def measure(shape: str, pages: int, page_size: int, seed: int = 0) -> dict:
         while cache.num_cached_blocks < target:
             tail = rng.integers(0, 50_000, size=page_size * int(rng.integers(1, 8)), dtype=np.uint32)
             cache.admit(np.concatenate([system, tail])).release()
+    elif shape == "trace":
+        tracemalloc.stop()
+        from radixkv.traces import TraceReader
+        requests = [r.tokens for r in TraceReader(TRACE)]   # read before tracing: not the cache's memory
+        tracemalloc.start(1)
+        cache = PrefixCache(pages, page_size)
+        before = _traced(tracemalloc.take_snapshot())
+        for tokens in requests:
+            cache.admit(tokens).release()
     else:
-        raise ValueError(f"shape must be 'chat' or 'fanout', got {shape!r}")
+        raise ValueError(f"shape must be 'chat', 'fanout' or 'trace', got {shape!r}")
     after = _traced(tracemalloc.take_snapshot())
     tracemalloc.stop()
     nodes = sum(1 for _ in cache._tree.nodes())
@@ -65,10 +79,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pages", type=int, default=1_000_000)
     parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--trace-blocks", type=int, default=187_488)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    for shape in ("chat", "fanout"):
-        line = json.dumps(measure(shape, args.pages, args.page_size))
+    for shape in ("chat", "fanout", "trace"):
+        pages = args.trace_blocks if shape == "trace" else args.pages
+        line = json.dumps(measure(shape, pages, args.page_size))
         print(line)
         if args.out:
             with open(args.out, "a") as fh:

@@ -7,7 +7,9 @@ and replay throughput on both Mooncake traces.
 Each size gets one cache, built once (module scope) by admitting random
 requests that extend random earlier prompts (80%) or start fresh (20%), until
 the pool of ``size`` blocks is full: a branching tree, as a prefix cache under
-real traffic holds. The operations then run at steady state on a full cache:
+real traffic holds. Prompts are at most 128 pages at every size, so a larger
+cache holds more prompts, not longer ones: the figures across sizes show what
+the size of the cache costs each call. The operations then run at steady state on a full cache:
 
 * ``match``: the longest cached prefix of a cached prompt (a full hit).
 * ``insert``: ``allocate`` + ``insert`` of a prompt's uncached pages (32 new
@@ -34,6 +36,7 @@ from radixkv.traces import TraceReader
 
 PAGE = 16
 NEW_PAGES = 32
+MAX_PROMPT_PAGES = 128
 SIZES = [10**2, 10**3, 10**4, 10**5, 10**6]
 TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 
@@ -65,7 +68,9 @@ class Workload:
         if not self.prompts or rng.random() < 0.2:
             return fresh
         base = self.prompts[int(rng.integers(len(self.prompts)))]
-        room = max(0, self.cache.num_blocks // 2 - new_pages)  # a prompt must fit with room to spare
+        # Prompts are at most MAX_PROMPT_PAGES long at every size (and fit with room to spare in
+        # small caches), so the sizes differ in how much is cached, not in the work per call.
+        room = max(0, min(MAX_PROMPT_PAGES, self.cache.num_blocks // 2) - new_pages)
         cut = int(rng.integers(0, min(len(base) // PAGE, room) + 1)) * PAGE
         return np.concatenate([base[:cut], fresh])
 
