@@ -3,7 +3,8 @@
     .venv/bin/python bench/micro_summary.py /tmp/micro-raw.json bench/results/micro
 
 Writes ``<out>.json`` (per benchmark: min / median / max / rounds in seconds,
-extra_info; the machine) and ``<out>.md`` (the same as tables). The raw
+extra_info; the machine), ``<out>.md`` (the same as tables, with the growth
+from 10^3 to 10^6 blocks) and ``<out>.png`` (time per call against size). The raw
 pytest-benchmark file keeps every round's timing and runs to megabytes.
 """
 
@@ -40,6 +41,10 @@ def markdown(summary: dict) -> str:
     for b in sorted(ops, key=lambda b: (b["group"], b.get("cached_blocks", 0))):
         lines.append(f"| {b['group'][5:]} | {b.get('cached_blocks', b['param'])} | {b['min'] * 1e6:.1f} | "
                      f"{b['median'] * 1e6:.1f} | {b['max'] * 1e6:.1f} | {b['rounds']} |")
+    lines += ["", "## Growth from 10^3 to 10^6 cached blocks", "",
+              "| operation | min ratio | median ratio |", "|---|---:|---:|"]
+    for group, (lo, hi) in sorted(growth(summary).items()):
+        lines.append(f"| {group[5:]} | {hi['min'] / lo['min']:.2f}x | {hi['median'] / lo['median']:.2f}x |")
     lines += ["", "## Replay throughput, LRU at 187,488 blocks of 16 tokens (best of rounds)", "",
               "| trace | miss reasons | seconds (min / median) | requests/s | prompt tokens/s | token hit rate |",
               "|---|---|---:|---:|---:|---:|"]
@@ -51,6 +56,39 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def growth(summary: dict) -> dict:
+    """Per operation, the rows at 10^3 and 10^6 cached blocks."""
+    rows = {}
+    for b in summary["benchmarks"]:
+        if b["group"] != "test_replay_throughput" and b.get("cached_blocks") in (10**3, 10**6):
+            rows.setdefault(b["group"], {})[b["cached_blocks"]] = b
+    return {g: (r[10**3], r[10**6]) for g, r in rows.items() if len(r) == 2}
+
+
+def plot(summary: dict, path: str) -> None:
+    """Per-operation median (and min) time against cached blocks, log-log."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    groups = sorted({b["group"] for b in summary["benchmarks"] if b["group"] != "test_replay_throughput"})
+    for group in groups:
+        rows = sorted((b for b in summary["benchmarks"] if b["group"] == group), key=lambda b: b["cached_blocks"])
+        x = [b["cached_blocks"] for b in rows]
+        line, = ax.plot(x, [b["median"] * 1e6 for b in rows], marker="o", label=f"{group[5:]} (median)")
+        ax.plot(x, [b["min"] * 1e6 for b in rows], linestyle=":", color=line.get_color(), label=f"{group[5:]} (min)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("cached blocks (page 16)")
+    ax.set_ylabel("microseconds per call")
+    ax.set_title("radixkv: cost per operation against cache size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> int:
     raw_path, out = sys.argv[1], sys.argv[2]
     with open(raw_path) as f:
@@ -60,6 +98,7 @@ def main() -> int:
         f.write("\n")
     with open(out + ".md", "w") as f:
         f.write(markdown(summary))
+    plot(summary, out + ".png")
     print(markdown(summary))
     return 0
 
