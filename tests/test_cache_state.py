@@ -1,4 +1,10 @@
-"""The core state machine: every public operation, against a dict model of what is cached."""
+"""The core state machine: every public operation, against a dict model of what is cached.
+
+It runs once per registered eviction policy (new policies get it for free):
+whatever a policy ranks, pages under an unreleased admission, a lock or a pin
+never disappear, matches agree with the model, payloads read back as written,
+and ``check()`` passes after every step.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixkv import PrefixCache, StaleHandleError
+import pytest
 
-from .strategies import cached_pages, longest_cached, payload_for
+from radixkv import LockError, PrefixCache, StaleHandleError
+from radixkv.policies import available
+
+from .strategies import cached_pages, longest_cached, payload_for, snapshot
 
 KV_SHAPE = (2, 3)
 
@@ -19,19 +28,21 @@ class CacheMachine(RuleBasedStateMachine):
     and payloads. Evictions are observed (the cache may drop unprotected pages at will), and
     everything else is predicted."""
 
+    policy_name = "lru"
     sequences = Bundle("sequences")
 
     @initialize(page_size=st.integers(1, 3), num_blocks=st.integers(1, 12),
                 namespaced=st.booleans())
     def setup(self, page_size, num_blocks, namespaced):
-        self.cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, kv_shape=KV_SHAPE,
-                                 dtype="float32")
+        self.cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, policy=self.policy_name,
+                                 kv_shape=KV_SHAPE, dtype="float32")
         self.P = page_size
         self.namespaces = [None, "tenant-b"] if namespaced else [None]
         self.pages = {}          # (ns, prefix) -> block
         self.admissions = []     # (admission, ns, tokens)
         self.locks = []          # (handle, ns, tokens)
         self.held = []           # blocks allocated, not inserted or freed
+        self.pins = []           # pinned token prefixes (whole pages), namespace None
         self.evicted_before = 0
 
     # -------------------------------------------------------------- helpers
@@ -71,18 +82,20 @@ class CacheMachine(RuleBasedStateMachine):
     def extend(self, base, extra):
         return base + extra
 
-    @rule(tokens=sequences, ns_index=st.integers(0, 1))
-    def admit(self, tokens, ns_index):
+    @rule(tokens=sequences, ns_index=st.integers(0, 1), priority=st.sampled_from([0, 0, 1, 2]),
+          expires=st.one_of(st.none(), st.integers(0, 30)))
+    def admit(self, tokens, ns_index, priority, expires):
         ns = self.namespaces[ns_index % len(self.namespaces)]
         expected = self._expected(tokens, ns)
-        adm = self.cache.admit(tokens, namespace=ns)
+        declined = self.cache.declined_blocks
+        adm = self.cache.admit(tokens, namespace=ns, priority=priority, expires_at=expires)
         assert adm.hit_tokens == len(expected) * self.P
         assert adm.blocks[: len(expected)].tolist() == expected
-        want_new = len(tokens) // self.P - len(expected)
-        assert len(adm.new_blocks) <= want_new
         assert len(adm.blocks) == len(expected) + len(adm.new_blocks)
-        if len(adm.new_blocks) < want_new:
-            # only short when nothing else could be evicted
+        want_new = len(tokens) // self.P - len(expected)
+        short = want_new - len(adm.new_blocks) - (self.cache.declined_blocks - declined)
+        assert short >= 0
+        if short:  # only short when nothing else could be evicted
             assert self.cache.evictable_blocks == 0 and self.cache.num_free_blocks == 0
         self._write_new(tokens, ns, len(expected), adm.new_blocks)
         self._assert_payload(tokens, adm.blocks)
@@ -140,10 +153,12 @@ class CacheMachine(RuleBasedStateMachine):
         new = self.held[:need]
         blocks = m.blocks.tolist() + new
         self._write_new(tokens, ns, matched, new)
+        declined = self.cache.declined_blocks
         present = self.cache.insert(tokens, blocks, namespace=ns)
         assert present == matched
         self.held = self.held[need:]
-        self._adopt(tokens, ns, blocks)
+        kept = need - (self.cache.declined_blocks - declined)
+        self._adopt(tokens, ns, blocks[: matched + kept])
         self._sync()
         self._assert_payload(tokens, self.cache.match(tokens, namespace=ns).blocks)
 
@@ -188,6 +203,28 @@ class CacheMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError("lock of a stale handle succeeded")
 
+    @rule(tokens=sequences)
+    def pin(self, tokens):
+        expected = self._expected(tokens, None)
+        pinned = self.cache.pin(tokens)
+        assert pinned == len(expected) * self.P
+        if pinned:
+            self.pins.append(tuple(tokens[:pinned]))
+
+    @rule(tokens=sequences)
+    def unpin(self, tokens):
+        full = tuple(tokens[: len(tokens) // self.P * self.P])
+        covering = [p for p in self.pins if full[: len(p)] == p]
+        if not covering:
+            before = snapshot(self.cache)
+            with pytest.raises(LockError):
+                self.cache.unpin(tokens)
+            assert snapshot(self.cache) == before
+            return
+        deepest = max(covering, key=len)
+        assert self.cache.unpin(tokens) == len(deepest)
+        self.pins.remove(deepest)
+
     # -------------------------------------------------------------- invariants
     @invariant()
     def consistent(self):
@@ -202,6 +239,8 @@ class CacheMachine(RuleBasedStateMachine):
         for handle, ns, tokens in self.locks:
             assert handle._node.gen == handle._gen, "a locked node changed extent"
             assert len(longest_cached(self.pages, tokens, self.P, ns)) == len(tokens) // self.P
+        for prefix in self.pins:
+            assert len(self._expected(prefix, None)) == len(prefix) // self.P, "pinned page lost"
         assert self.cache.num_held_blocks == len(self.held)
         assert self.cache.evicted_blocks >= self.evicted_before
         self.evicted_before = self.cache.evicted_blocks
@@ -213,6 +252,8 @@ class CacheMachine(RuleBasedStateMachine):
             adm.release()
         for handle, _, _ in self.locks:
             self.cache.unlock(handle)
+        for prefix in self.pins:
+            self.cache.unpin(list(prefix))
         self.cache.check()
         assert self.cache.protected_blocks == 0
         evictable = self.cache.evictable_blocks
@@ -223,5 +264,13 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.num_free_blocks == self.cache.num_blocks
 
 
-CacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-TestCacheMachine = CacheMachine.TestCase
+def _machine_for(policy: str):
+    machine = type(f"CacheMachine_{policy}", (CacheMachine,), {"policy_name": policy})
+    # LRU is the default and gets the deepest search; every other policy a lighter one.
+    examples, steps = (300, 50) if policy == "lru" else (100, 40)
+    machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
+    return machine.TestCase
+
+
+for _policy in available():
+    globals()[f"TestCacheMachine_{_policy}"] = _machine_for(_policy)

@@ -1,5 +1,5 @@
-"""Eviction policies: one conformance state machine per registered policy, exact eviction orders,
-Belady as the ceiling, retention priorities and pins, and bad input."""
+"""Eviction policies: exact eviction orders, Belady as the ceiling, retention priorities and pins,
+and bad input. (The conformance state machine runs per policy in test_cache_state.py.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixkv import LockError, PrefixCache, UnknownPolicyError, generators
 from radixkv.cli import main
@@ -22,185 +19,7 @@ from radixkv.policies.gdsf import GDSF
 from radixkv.replay import replay
 from radixkv.traces import Request
 
-from .strategies import cached_pages, longest_cached, snapshot
-
-
-# ---------------------------------------------------------------------------- conformance
-class PolicyMachine(RuleBasedStateMachine):
-    """Every public operation against a dict model of cached page prefixes, under one policy.
-
-    Evictions are observed (pages may only disappear by eviction), everything
-    else is predicted; pages under an unreleased admission, a lock or a pin
-    must never disappear.
-    """
-
-    policy_name = "lru"
-    sequences = Bundle("sequences")
-
-    @initialize(page_size=st.integers(1, 3), num_blocks=st.integers(1, 12))
-    def setup(self, page_size, num_blocks):
-        self.cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, policy=self.policy_name)
-        self.P = page_size
-        self.pages = {}        # (namespace, token prefix) -> block
-        self.admissions = []   # (admission, tokens)
-        self.locks = []        # (handle, tokens)
-        self.pins = []         # pinned token prefixes (whole pages)
-        self.held = []
-
-    def _sync(self):
-        actual = cached_pages(self.cache)
-        for key, block in actual.items():
-            assert self.pages.get(key) == block, f"page {key} appeared or moved to block {block}"
-        self.pages = actual
-
-    @rule(target=sequences, tokens=st.lists(st.integers(0, 2), max_size=10))
-    def new_sequence(self, tokens):
-        return tokens
-
-    @rule(target=sequences, base=sequences, extra=st.lists(st.integers(0, 2), min_size=1, max_size=6))
-    def extend(self, base, extra):
-        return base + extra
-
-    @rule(tokens=sequences, priority=st.sampled_from([0, 0, 1, 2]),
-          expires=st.one_of(st.none(), st.integers(0, 30)))
-    def admit(self, tokens, priority, expires):
-        expected = longest_cached(self.pages, tokens, self.P)
-        declined = self.cache.declined_blocks
-        adm = self.cache.admit(tokens, priority=priority, expires_at=expires)
-        assert adm.hit_tokens == len(expected) * self.P
-        assert adm.blocks[: len(expected)].tolist() == expected
-        want = len(tokens) // self.P - len(expected)
-        short = want - len(adm.new_blocks) - (self.cache.declined_blocks - declined)
-        assert short >= 0
-        if short:
-            assert self.cache.evictable_blocks == 0 and self.cache.num_free_blocks == 0
-        for i, block in enumerate(adm.blocks.tolist()):
-            self.pages[(None, tuple(tokens[: (i + 1) * self.P]))] = block
-        self._sync()
-        self.admissions.append((adm, tokens))
-
-    @precondition(lambda self: self.admissions)
-    @rule(index=st.integers(0, 20))
-    def release(self, index):
-        adm, _ = self.admissions.pop(index % len(self.admissions))
-        adm.release()
-
-    @rule(tokens=sequences, lock=st.booleans())
-    def match(self, tokens, lock):
-        expected = longest_cached(self.pages, tokens, self.P)
-        m = self.cache.match(tokens)
-        assert m.num_tokens == len(expected) * self.P
-        assert m.blocks.tolist() == expected
-        if lock:
-            self.cache.lock(m.node)
-            self.locks.append((m.node, tokens[: m.num_tokens]))
-
-    @precondition(lambda self: self.locks)
-    @rule(index=st.integers(0, 20))
-    def unlock(self, index):
-        handle, _ = self.locks.pop(index % len(self.locks))
-        self.cache.unlock(handle)
-
-    @rule(n=st.integers(0, 6))
-    def allocate(self, n):
-        possible = self.cache.num_free_blocks + self.cache.evictable_blocks
-        blocks = self.cache.allocate(n)
-        if n > possible:
-            assert blocks is None
-            return
-        assert blocks is not None and len(blocks) == n
-        self._sync()
-        self.held.extend(blocks.tolist())
-
-    @rule(tokens=sequences)
-    def insert(self, tokens):
-        m = self.cache.match(tokens)
-        matched = m.num_tokens // self.P
-        need = len(tokens) // self.P - matched
-        if len(self.held) < need:
-            return
-        new, self.held = self.held[:need], self.held[need:]
-        declined = self.cache.declined_blocks
-        assert self.cache.insert(tokens, m.blocks.tolist() + new) == matched
-        kept = need - (self.cache.declined_blocks - declined)
-        for i, block in enumerate(m.blocks.tolist() + new[:kept]):
-            self.pages[(None, tuple(tokens[: (i + 1) * self.P]))] = block
-        self._sync()
-
-    @precondition(lambda self: self.held)
-    @rule(count=st.integers(1, 4))
-    def free(self, count):
-        blocks, self.held = self.held[:count], self.held[count:]
-        self.cache.free(blocks)
-
-    @rule(n=st.integers(0, 8))
-    def evict(self, n):
-        evictable = self.cache.evictable_blocks
-        assert self.cache.evict(n) == min(n, evictable)
-
-    @rule(tokens=sequences)
-    def pin(self, tokens):
-        expected = longest_cached(self.pages, tokens, self.P)
-        pinned = self.cache.pin(tokens)
-        assert pinned == len(expected) * self.P
-        if pinned:
-            self.pins.append(tuple(tokens[:pinned]))
-
-    @rule(tokens=sequences)
-    def unpin(self, tokens):
-        full = tuple(tokens[: len(tokens) // self.P * self.P])
-        covering = [p for p in self.pins if full[: len(p)] == p]
-        if not covering:
-            before = snapshot(self.cache)
-            with pytest.raises(LockError):
-                self.cache.unpin(tokens)
-            assert snapshot(self.cache) == before
-            return
-        deepest = max(covering, key=len)
-        assert self.cache.unpin(tokens) == len(deepest)
-        self.pins.remove(deepest)
-
-    @invariant()
-    def consistent(self):
-        if not hasattr(self, "cache"):
-            return
-        self.cache.check()
-        self._sync()
-        for adm, tokens in self.admissions:
-            for i, block in enumerate(adm.blocks.tolist()):
-                assert self.pages.get((None, tuple(tokens[: (i + 1) * self.P]))) == block, "admitted page lost"
-        for handle, tokens in self.locks:
-            assert len(longest_cached(self.pages, tokens, self.P)) == len(tokens) // self.P, "locked page lost"
-        for prefix in self.pins:
-            assert len(longest_cached(self.pages, prefix, self.P)) == len(prefix) // self.P, "pinned page lost"
-        assert self.cache.num_held_blocks == len(self.held)
-
-    def teardown(self):
-        if not hasattr(self, "cache"):
-            return
-        for adm, _ in self.admissions:
-            adm.release()
-        for handle, _ in self.locks:
-            self.cache.unlock(handle)
-        for prefix in self.pins:
-            self.cache.unpin(list(prefix))
-        self.cache.check()
-        assert self.cache.protected_blocks == 0
-        evictable = self.cache.evictable_blocks
-        assert self.cache.evict(self.cache.num_blocks) == evictable
-        assert self.cache.num_cached_blocks == 0
-        self.cache.free(self.held)
-        assert self.cache.num_free_blocks == self.cache.num_blocks
-
-
-def _conformance(name: str):
-    machine = type(f"PolicyMachine_{name}", (PolicyMachine,), {"policy_name": name})
-    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
-    return machine.TestCase
-
-
-for _name in available():
-    globals()[f"TestConformance_{_name.replace('-', '_')}"] = _conformance(_name)
+from .strategies import cached_pages, snapshot
 
 
 # ---------------------------------------------------------------------------- exact orders
