@@ -45,6 +45,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import TraceFormatError
+from .keys import as_tokens
 from .traces import MOONCAKE_BLOCK_TOKENS, TOKEN_DTYPE, expand_mooncake
 
 __all__ = ["CurveResult", "LruStackDistances", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
@@ -277,7 +278,7 @@ class PageInterner:
 
     def ids(self, tokens: np.ndarray) -> np.ndarray:
         """Identities of the full pages of ``tokens`` (int64), interning new ones."""
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         n = len(tokens) // self.page_size
         pages = tokens[: n * self.page_size].view(np.dtype((np.void, self.page_size * tokens.itemsize))).tolist()
         table, out, parent = self._table, [], -1
@@ -298,7 +299,7 @@ def lru_curve(requests: Iterable[np.ndarray], page_size: int, capacities: Sequen
     interner = PageInterner(page_size)
     stack = LruStackDistances(page_size)
     for tokens in requests:
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         stack.add(interner.ids(tokens), len(tokens))
     return stack.result(caps)
 
@@ -385,19 +386,3 @@ def _check_int(value: object, name: str, *, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _as_tokens(tokens: np.ndarray) -> np.ndarray:
-    """``tokens`` as contiguous 1-D uint32, so equal values always give equal page bytes."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.empty(0, dtype=TOKEN_DTYPE)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"tokens must hold ints, got dtype {arr.dtype}")
-    top = int(np.iinfo(TOKEN_DTYPE).max)
-    if arr.dtype != TOKEN_DTYPE and (int(arr.min()) < 0 or int(arr.max()) > top):
-        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-        raise ValueError(f"tokens must be in [0, {top}], got {bad!r}")
-    return np.ascontiguousarray(arr, dtype=TOKEN_DTYPE)

@@ -35,7 +35,7 @@ from typing import Iterable
 import numpy as np
 from sortedcontainers import SortedList
 
-from .traces import TOKEN_DTYPE
+from .keys import as_tokens
 
 __all__ = ["ReferenceLru", "ReferenceResult", "reference_lru_replay"]
 
@@ -98,7 +98,7 @@ class ReferenceLru:
 
     def page_ids(self, tokens: np.ndarray) -> list[int]:
         """Identities of the full pages of ``tokens``, interning new ones. Cost: O(len(tokens))."""
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         ids, parent = [], _ROOT
         for start in range(0, len(tokens) - self.page_size + 1, self.page_size):
             key = (parent, tokens[start:start + self.page_size].tobytes())
@@ -177,7 +177,7 @@ def reference_lru_replay(requests_tokens: Iterable[np.ndarray], page_size: int, 
     prompt_tokens = 0
     hits = []
     for tokens in requests_tokens:
-        tokens = _as_tokens(tokens)
+        tokens = as_tokens(tokens)
         prompt_tokens += len(tokens)
         hits.append(model.step(tokens))
     return ReferenceResult(
@@ -187,18 +187,3 @@ def reference_lru_replay(requests_tokens: Iterable[np.ndarray], page_size: int, 
         evicted_blocks=model.evicted_blocks,
         per_request_hits=tuple(hits),
     )
-
-
-def _as_tokens(tokens: np.ndarray) -> np.ndarray:
-    """``tokens`` as 1-D uint32, so equal token values always give equal page bytes."""
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
-    if arr.size == 0:
-        return np.empty(0, dtype=TOKEN_DTYPE)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"tokens must hold ints, got dtype {arr.dtype}")
-    if arr.dtype != TOKEN_DTYPE and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(TOKEN_DTYPE).max):
-        bad = int(arr.min()) if int(arr.min()) < 0 else int(arr.max())
-        raise ValueError(f"tokens must be in [0, {np.iinfo(TOKEN_DTYPE).max}], got {bad!r}")
-    return np.ascontiguousarray(arr, dtype=TOKEN_DTYPE)
