@@ -18,6 +18,7 @@ sieve      FIFO whose hand spares leaves used since it last passed
 s3fifo     small probationary FIFO + main FIFO with reinsertion + ghost
 gdsf       Greedy-Dual-Size-Frequency on prefill restore cost (alias ``cost``)
 adaptive   per-class retention windows learned from observed reuse gaps
+2q         reused pages (ghost-remembered too) outrank first uses for a learned window
 belady     offline optimum with bypass (needs the future; replay provides it)
 =========  ===================================================================
 """
@@ -38,8 +39,9 @@ from .lru import LRU
 from .s3fifo import S3FIFO
 from .sieve import SIEVE
 from .slru import SLRU
+from .twoq import TwoQ
 
-_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, Belady)
+_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, TwoQ, Belady)
 _REGISTRY: Dict[str, Type[EvictionPolicy]] = {}
 _ALIASES: Dict[str, str] = {}
 
@@ -81,5 +83,5 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
     return resolve(policy)(**options)
 
 
-__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "Belady",
+__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "Belady",
            "available", "create", "register", "resolve"]

@@ -16,6 +16,7 @@ from radixkv.policies import available, create
 from radixkv.policies.adaptive import AdaptiveRetention, solve_windows
 from radixkv.policies.belady import NEVER, Belady, next_uses
 from radixkv.policies.gdsf import GDSF
+from radixkv.policies.twoq import TwoQ
 from radixkv.replay import replay
 from radixkv.traces import Request
 
@@ -66,6 +67,8 @@ EXPECTED_ORDERS = {
     "gdsf": [[7], [1, 2, 3], [1, 2, 4], [5, 6], [5], [1, 2], [1]],
     # windows all 0 before the first solve: LRU
     "adaptive": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
+    # window 0 until a protected page is used again: LRU
+    "2q": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
 }
 
 
@@ -90,6 +93,48 @@ def test_adaptive_order_follows_learned_windows():
     policy.windows = np.array([0.0, 0, 0, 0, 10, 0, 0, 0, 10, 0, 0, 0])
     # deadlines: [3] 1, [7] 6, [5,6] 5+10, [4] 7+10, [1,2] 7+10
     assert eviction_order(policy) == [[1, 2, 3], [7], [5, 6], [5], [1, 2, 4], [1, 2], [1]]
+
+
+def test_2q_order_protects_reused_pages_for_the_window():
+    policy = TwoQ(solve_every=1000)
+    policy.window = 10
+    # probationary (used once) [3] t1, [7] t6; protected [5,6] 5+10, [4] and [1,2] 7+10
+    assert eviction_order(policy) == [[1, 2, 3], [7], [5, 6], [5], [1, 2, 4], [1, 2], [1]]
+
+
+def test_2q_ghost_promotes_an_evicted_run_that_comes_back():
+    def survivors(policy):
+        cache = PrefixCache(num_blocks=4, page_size=1, policy=policy)
+        if isinstance(cache.policy, TwoQ):
+            cache.policy.window = 100
+        # [1,2] t1 and [3,4] t2 fill the cache; [5,6] t3 evicts [1,2]; it comes back at t4
+        # (evicting [3,4]); [7,8] t5 and [9,10] t6 then need room
+        for tokens in ([1, 2], [3, 4], [5, 6], [1, 2], [7, 8], [9, 10]):
+            cache.admit(tokens).release()
+            cache.check()
+        return sorted(k[1] for k in cached_pages(cache) if len(k[1]) == 2)
+
+    # LRU keeps the two newest runs; 2q keeps the run the ghost saw return (deadline 4 + 100)
+    assert survivors("lru") == [(7, 8), (9, 10)]
+    assert survivors(TwoQ(solve_every=1000)) == [(1, 2), (9, 10)]
+
+
+def test_2q_window_is_the_quantile_of_protected_reuse_gaps():
+    policy = TwoQ(solve_every=1)
+    cache = PrefixCache(num_blocks=64, page_size=1, policy=policy)
+    cache.admit([1, 2]).release()  # t1: probationary
+    cache.admit([1, 2]).release()  # t2: protected, no gap observed yet
+    assert policy.window == 0
+    for i in range(9):  # t3..t11
+        cache.admit([100 + i]).release()
+    cache.admit([1, 2]).release()  # t12: protected reuse after 10 ticks (2 pages)
+    cache.admit([200]).release()  # t13: the next solve
+    # gap 10 falls in bin 1 + int(2 * log2(10)) = 7, whose upper edge is int(2 ** 3.5) = 11
+    assert policy.window == 11
+    with pytest.raises(ValueError, match="quantile"):
+        TwoQ(quantile=0)
+    with pytest.raises(ValueError, match="history_size"):
+        TwoQ(history_size=0)
 
 
 # ---------------------------------------------------------------------------- Belady
