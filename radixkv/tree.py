@@ -143,6 +143,7 @@ class RadixTree:
 
     def add_leaf(self, parent: Node, key: bytes, blocks: np.ndarray) -> Node:
         """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``."""
+        blocks.flags.writeable = False  # callers see this array (Admission.new_blocks): it is the tree's
         leaf = Node(parent, key, blocks, parent.end)
         if parent.children is None:
             parent.children = {}

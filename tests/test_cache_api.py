@@ -240,3 +240,15 @@ def test_namespace_must_be_a_string(namespace):
                  lambda c: c.admit([1, 2], namespace=namespace),
                  lambda c: c.insert([1, 2], [int(c.held[0])], namespace=namespace)):
         unchanged(call, TypeError)
+
+
+def test_returned_block_arrays_cannot_corrupt_the_tree():
+    cache = PrefixCache(num_blocks=8, page_size=2)
+    adm = cache.admit([1, 2, 3, 4])
+    with pytest.raises(ValueError):
+        adm.new_blocks[0] = 7
+    m = cache.match([1, 2, 3, 4])
+    m.blocks[0] = 7          # a copy: the caller may do what it likes with it
+    assert cache.match([1, 2, 3, 4]).blocks.tolist() == adm.blocks.tolist()
+    adm.release()
+    cache.check()
