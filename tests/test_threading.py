@@ -63,14 +63,14 @@ def test_stress_concurrent_transfers_lose_and_duplicate_no_block():
     in_flight = set()          # blocks held by loads in flight
     remote = {}                # what stores wrote, applied on the owner thread
     served_pages = 0
-    deadline = time.monotonic() + 20
 
     def keys_of(tokens, namespace, start, stop):
         return [(namespace, tuple(tokens[: (i + 1) * PAGE])) for i in range(start, stop)]
 
     with TransferWorker(num_threads=4) as worker:
-        for step in range(2500):
-            if time.monotonic() > deadline:
+        # Bounded by work done, not by time, so a slow or loaded machine runs the same test.
+        for step in range(50_000):
+            if worker.submitted >= 300:
                 break
             tokens = rng.choice(prefixes) + [rng.randrange(3) for _ in range(rng.randrange(0, 14))]
             namespace = rng.choice([None, "t"])
@@ -87,8 +87,9 @@ def test_stress_concurrent_transfers_lose_and_duplicate_no_block():
                     continue
                 cache.lock(m.node)
                 blocks = cache.allocate(need)
-                if blocks is None:
+                if blocks is None:  # everything else is locked by transfers in flight: let some finish
                     cache.unlock(m.node)
+                    worker.poll()
                     continue
                 assert not in_flight.intersection(blocks.tolist()), "a block handed to two loads"
                 in_flight.update(blocks.tolist())
@@ -123,7 +124,7 @@ def test_stress_concurrent_transfers_lose_and_duplicate_no_block():
                 held = set(np.flatnonzero(cache._pool._state == HELD).tolist())
                 assert held == in_flight, f"held blocks {sorted(held ^ in_flight)} not in flight, or lost"
         worker.drain(timeout=30)
-        assert worker.applied == worker.submitted > 100
+        assert worker.applied == worker.submitted >= 300
     cache.check()
     assert cache.num_held_blocks == 0 and not in_flight
     assert cache.num_free_blocks + cache.num_cached_blocks == cache.num_blocks
