@@ -8,12 +8,13 @@ and ``check()`` passes after every step.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-import pytest
 
 from radixkv import LockError, PrefixCache, StaleHandleError
 from radixkv.policies import available
@@ -268,6 +269,8 @@ def _machine_for(policy: str):
     machine = type(f"CacheMachine_{policy}", (CacheMachine,), {"policy_name": policy})
     # LRU is the default and gets the deepest search; every other policy a lighter one.
     examples, steps = (300, 50) if policy == "lru" else (100, 40)
+    if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
+        examples *= 10
     machine.TestCase.settings = settings(max_examples=examples, stateful_step_count=steps, deadline=None)
     return machine.TestCase
 
