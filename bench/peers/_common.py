@@ -22,9 +22,7 @@ import numpy as np
 MOONCAKE_BLOCK_TOKENS = 512
 # shared/ sits beside the repository checkout; TRACES overrides
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRACES = os.environ.get("TRACES") or (
-    os.path.join(os.path.dirname(_REPO), "shared", "traces")
-    if os.path.isdir(os.path.join(os.path.dirname(_REPO), "shared", "traces")) else "/work/shared/traces")
+TRACES = os.environ.get("TRACES") or os.path.join(os.path.dirname(_REPO), "shared", "traces")
 
 
 # ---------------------------------------------------------------- traces
