@@ -224,10 +224,9 @@ class AdaptiveRetention(EvictionPolicy):
 
     def _remember(self, node: Node, depth: int) -> None:
         last, head, fresh, boundary, run_end, _, _ = node.policy_state
-        at = (depth - node.start) * self._page_bytes
         cls, extent = (fresh, run_end) if depth >= boundary else (head, boundary)
         history = self._history
-        history[self._key(depth, node.key[at : at + self._page_bytes])] = (
+        history[self._key(depth, node.page(depth - node.start))] = (
             cls, last, self._evicting_end - depth, extent)
         if len(history) > self.history_size:
             del history[next(iter(history))]

@@ -64,8 +64,7 @@ class S3FIFO(EvictionPolicy):
         self._page_bytes = cache.page_size * TOKEN_BYTES
 
     def _page_key(self, node: Node, depth: int) -> int:
-        i = (depth - node.start) * self._page_bytes
-        return hash((depth, node.key[i : i + self._page_bytes]))
+        return hash((depth, node.page(depth - node.start)))
 
     def on_insert(self, node: Node, now: int) -> None:
         key = self._page_key(node, node.start)

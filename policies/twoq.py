@@ -146,9 +146,8 @@ class TwoQ(EvictionPolicy):
 
     def _remember(self, node: Node, depth: int) -> None:
         _, segment, last = node.policy_state
-        at = (depth - node.start) * self._page_bytes
         ghost = self._ghost
-        ghost[(depth, node.key[at : at + self._page_bytes])] = (segment, last, max(1, self._evicting_end - depth))
+        ghost[(depth, node.page(depth - node.start))] = (segment, last, max(1, self._evicting_end - depth))
         if len(ghost) > self.history_size:
             ghost.popitem(last=False)
 

@@ -29,6 +29,7 @@ from .tree import Node, RadixTree
 from .victims import VictimQueue
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
+_DEPTH_BASE = 256  # see PrefixCache._rank_key
 
 
 def _check_retention(priority: object, expires_at: object) -> None:
@@ -631,12 +632,17 @@ class PrefixCache:
                     self._rank(node)
 
     def _rank_key(self, node: Node):
-        return (node.retention, self._policy.priority(node), -(node.start + node.num_pages))
+        """A leaf's place in the victim queue: retention class, then policy priority, then deepest
+        first. Depth enters as ``_DEPTH_BASE - end`` rather than ``-end``: the same order, but for
+        the usual depths the value is one of CPython's preallocated small ints, which saves an int
+        object per queued leaf."""
+        return (node.retention, self._policy.priority(node), _DEPTH_BASE - node.start - node.num_pages)
 
     def _rank(self, node: Node) -> None:
         """(Re-)queue ``node`` if it is an evictable leaf."""
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
-            self._victims.push(node, (node.retention, self._policy.priority(node), -(node.start + node.num_pages)))
+            self._victims.push(node, (node.retention, self._policy.priority(node),
+                                      _DEPTH_BASE - node.start - node.num_pages))
 
     def _evict(self, n: int) -> int:
         if self._expiry_heap:

@@ -21,22 +21,26 @@ _EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 class Node:
     """A run of ``num_pages`` pages hanging below ``parent``.
 
-    ``key`` may be longer than ``num_pages`` pages after a tail eviction; only
-    its first ``num_pages * page_bytes`` bytes count (it is trimmed lazily, so
-    evicting one page from a long leaf is O(1)). ``gen`` changes whenever the
-    node's extent changes, and is ``-1`` once the node left the tree.
-    ``policy_state`` is the one slot an eviction policy may use.
+    The pages' tokens are kept as raw bytes in two parts: ``first`` (the first
+    page, which is also the key under which the parent files this node, so it
+    is stored once) and ``rest`` (the other pages). ``rest`` may be longer than
+    ``num_pages - 1`` pages after a tail eviction; only its leading pages count
+    (it is trimmed lazily, so evicting one page from a long leaf is O(1)).
+    ``gen`` changes whenever the node's extent changes, and is ``-1`` once the
+    node left the tree. ``policy_state`` is the one slot an eviction policy may use.
     """
 
     __slots__ = (
-        "parent", "children", "key", "blocks", "start", "num_pages",
+        "parent", "children", "first", "rest", "blocks", "start", "num_pages",
         "lock_ref", "gen", "policy_state", "retention", "heap_id", "ext",
     )
 
-    def __init__(self, parent: Optional["Node"], key: bytes, blocks: np.ndarray, start: int) -> None:
+    def __init__(self, parent: Optional["Node"], first: bytes, rest: bytes, blocks: np.ndarray,
+                 start: int) -> None:
         self.parent = parent
         self.children: Optional[Dict[bytes, Node]] = None
-        self.key = key
+        self.first = first
+        self.rest = rest
         self.blocks = blocks
         self.start = start
         self.num_pages = len(blocks)
@@ -46,6 +50,16 @@ class Node:
         self.retention = 0
         self.heap_id = 0
         self.ext: Any = None  # slot for layers above the tree (tier residency)
+
+    @property
+    def key(self) -> bytes:
+        """The tokens of the node's pages as bytes (a new object; may run past ``num_pages``)."""
+        return self.first + self.rest
+
+    def page(self, index: int) -> bytes:
+        """The bytes of page ``index`` (0-based within this node). O(page size)."""
+        pb = len(self.first)
+        return self.first if index == 0 else self.rest[(index - 1) * pb : index * pb]
 
     @property
     def end(self) -> int:
@@ -74,7 +88,7 @@ class RadixTree:
         """The root of ``namespace``'s subtree, created on first use."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(None, b"", _EMPTY_BLOCKS, 0)
+            root = self._roots[namespace] = Node(None, b"", b"", _EMPTY_BLOCKS, 0)
         return root
 
     def roots(self) -> Iterator[Tuple[Optional[str], Node]]:
@@ -99,15 +113,17 @@ class RadixTree:
             child = children.get(data[off : off + pb])
             if child is None:
                 break
+            # The dict lookup matched the first page; compare the rest in one go.
             n = child.num_pages
-            klen = n * pb
-            key = child.key
-            if len(key) != klen:
-                key = child.key = key[:klen]
-            if data[off : off + klen] == key:
+            rlen = (n - 1) * pb
+            rest = child.rest
+            if len(rest) != rlen:
+                rest = child.rest = rest[:rlen]
+            if data[off + pb : off + pb + rlen] == rest:
                 node, pos = child, pos + n
                 continue
-            return node, pos, child, self._common_pages(key, data, off, min(n, num_pages - pos))
+            limit = min(n, num_pages - pos) - 1
+            return node, pos, child, 1 + self._common_pages(rest, data, off + pb, limit)
         return node, pos, None, 0
 
     def _common_pages(self, key: bytes, data: bytes, off: int, limit: int) -> int:
@@ -127,15 +143,18 @@ class RadixTree:
         """
         pb = self.page_bytes
         parent = child.parent
-        cut = pages * pb
-        upper = Node(parent, child.key[:cut], child.blocks[:pages].copy(), child.start)
+        rest = child.rest
+        cut = (pages - 1) * pb  # the upper node's share of ``rest``
+        upper = Node(parent, child.first, rest[:cut], child.blocks[:pages].copy(), child.start)
         upper.lock_ref = child.lock_ref
         upper.retention = child.retention
         upper.policy_state = child.policy_state
-        upper.children = {child.key[cut : cut + pb]: child}
-        parent.children[child.key[:pb]] = upper
+        first = rest[cut : cut + pb]
+        upper.children = {first: child}
+        parent.children[child.first] = upper
         child.parent = upper
-        child.key = child.key[cut : child.num_pages * pb]
+        child.first = first
+        child.rest = rest[cut + pb : (child.num_pages - 1) * pb]
         child.blocks = child.blocks[pages:].copy()
         child.start += pages
         child.num_pages -= pages
@@ -144,10 +163,12 @@ class RadixTree:
     def add_leaf(self, parent: Node, key: bytes, blocks: np.ndarray) -> Node:
         """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``."""
         blocks.flags.writeable = False  # callers see this array (Admission.new_blocks): it is the tree's
-        leaf = Node(parent, key, blocks, parent.end)
+        pb = self.page_bytes
+        first = key[:pb]
+        leaf = Node(parent, first, key[pb:], blocks, parent.end)
         if parent.children is None:
             parent.children = {}
-        parent.children[key[: self.page_bytes]] = leaf
+        parent.children[first] = leaf
         return leaf
 
     def truncate(self, node: Node, pages: int) -> np.ndarray:
@@ -160,7 +181,7 @@ class RadixTree:
         node.gen += 1
         if keep == 0:
             parent = node.parent
-            del parent.children[node.key[: self.page_bytes]]
+            del parent.children[node.first]
             if not parent.children:
                 parent.children = None
             node.gen = -1
@@ -209,8 +230,9 @@ class RadixTree:
                     assert child.alive, f"dead {child} still linked under {node}"
                     assert child.num_pages >= 1, f"{child} has no pages"
                     assert len(child.blocks) == child.num_pages, f"{child} has {len(child.blocks)} blocks"
-                    assert len(child.key) >= child.num_pages * pb, f"{child} key shorter than its pages"
-                    assert child.key[:pb] == first, f"{child} is filed under the wrong first page"
+                    assert len(child.first) == pb, f"{child} first page is {len(child.first)} bytes"
+                    assert len(child.rest) >= (child.num_pages - 1) * pb, f"{child} key shorter than its pages"
+                    assert child.first == first, f"{child} is filed under the wrong first page"
                     assert child.start == node.end, f"{child} starts at {child.start}, parent ends at {node.end}"
                     assert child.lock_ref >= 0, f"{child} has negative lock_ref"
                     child_locks += child.lock_ref

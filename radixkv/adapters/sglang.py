@@ -36,7 +36,7 @@ Requests are duck-typed: ``origin_input_ids``, ``output_ids``, ``fill_ids``,
 
 from __future__ import annotations
 
-from typing import Any, Hashable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Hashable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 

@@ -25,15 +25,15 @@ Write policies, as SGLang HiCache names them:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .. import policies as _policies
-from ..cache import Admission, NodeHandle, PrefixCache
+from ..cache import Admission, PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..events import TIER_MEDIUM
-from ..keys import TokensLike, as_tokens
+from ..keys import TokensLike
 from ..tree import Node
 from .base import Tier, TierConfigError
 from .stack import TierStack
@@ -349,9 +349,10 @@ class TieredCache(PrefixCache):
         pb = self._tree.page_bytes
         parts = []
         while node.parent is not None:
-            key = node.key
-            n = node.num_pages * pb
-            parts.append(key if len(key) == n else key[:n])
+            rest = node.rest
+            n = (node.num_pages - 1) * pb
+            parts.append(rest if len(rest) == n else rest[:n])
+            parts.append(node.first)
             node = node.parent
         parts.reverse()
         return node, b"".join(parts)
