@@ -87,9 +87,9 @@ def test_stress_concurrent_transfers_lose_and_duplicate_no_block():
                     continue
                 cache.lock(m.node)
                 blocks = cache.allocate(need)
-                if blocks is None:  # everything else is locked by transfers in flight: let some finish
+                if blocks is None:  # everything else is locked by transfers in flight: wait for one
                     cache.unlock(m.node)
-                    worker.poll()
+                    worker.poll(block=worker.in_flight > 0, timeout=5)
                     continue
                 assert not in_flight.intersection(blocks.tolist()), "a block handed to two loads"
                 in_flight.update(blocks.tolist())
