@@ -22,6 +22,7 @@ from radixkv.traces import TraceReader
 
 
 def machine() -> dict:
+    """CPU model, CPU count, Python and numpy versions: recorded beside every committed figure."""
     cpu = "unknown"
     try:
         with open("/proc/cpuinfo") as fh:

@@ -10,7 +10,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import resource
 import sys
 import time
@@ -84,14 +83,11 @@ def peak_rss_mib() -> float:
 
 
 def machine() -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    out = {"cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(),
-           "torch": _version("torch"), "numpy": np.__version__}
+    """radixkv's bench machine facts (bench/perf_trace.py) plus the torch build and threads."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from perf_trace import machine as bench_machine
+
+    out = {**bench_machine(), "torch": _version("torch")}
     if "torch" in sys.modules:
         out["torch_threads"] = sys.modules["torch"].get_num_threads()
     return out
