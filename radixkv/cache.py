@@ -187,6 +187,11 @@ class PrefixCache:
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
         self._expiry_seq = itertools.count()
         self._policy.attach(self)
+        # Eviction hooks the policy leaves at the base class's no-op are not called at all.
+        base, cls = _policies.EvictionPolicy, type(self._policy)
+        self._eviction_hooks = tuple(
+            getattr(self._policy, hook) if getattr(cls, hook) is not getattr(base, hook) else None
+            for hook in ("on_evict", "on_truncate", "on_remove"))
         self._events: Optional[EventLog] = make_event_log(self, enable_events)
 
     # ------------------------------------------------------------------ counters
@@ -650,12 +655,7 @@ class PrefixCache:
         freed = 0
         victims, tree, policy = self._victims, self._tree, self._policy
         on_victim = policy.on_victim
-        # Hooks the policy leaves at the base class's no-op are not called at all.
-        base = _policies.EvictionPolicy
-        cls = type(policy)
-        on_evict = policy.on_evict if cls.on_evict is not base.on_evict else None
-        on_truncate = policy.on_truncate if cls.on_truncate is not base.on_truncate else None
-        on_remove = policy.on_remove if cls.on_remove is not base.on_remove else None
+        on_evict, on_truncate, on_remove = self._eviction_hooks
         spill = self._spill
         dropped = []  # blocks go back to the pool in one batch at the end
         while freed < n:
