@@ -20,12 +20,12 @@ baseline and excluded too, as the payload would be.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tracemalloc
 
 import numpy as np
 
+from perf_trace import emit
 from radixkv import PrefixCache
 
 TRACE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -84,11 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     for shape in ("chat", "fanout", "trace"):
         pages = args.trace_blocks if shape == "trace" else args.pages
-        line = json.dumps(measure(shape, pages, args.page_size))
-        print(line)
-        if args.out:
-            with open(args.out, "a") as fh:
-                fh.write(line + "\n")
+        emit(measure(shape, pages, args.page_size), args.out)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,15 @@ def machine() -> dict:
     return {"cpu": cpu, "nproc": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
 
 
+def emit(row: dict, out: str | None) -> None:
+    """Print ``row`` as one JSON line, and append it to the JSONL file ``out`` if given."""
+    line = json.dumps(row)
+    print(line)
+    if out:
+        with open(out, "a") as fh:
+            fh.write(line + "\n")
+
+
 def run(trace: str, num_blocks: int, page_size: int, policy: str, limit: int | None) -> dict:
     requests = [r.tokens for r in TraceReader(trace, limit=limit)]
     cache = PrefixCache(num_blocks=num_blocks, page_size=page_size, policy=policy)
@@ -75,12 +84,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    row = run(args.trace, args.num_blocks, args.page_size, args.policy, args.limit)
-    line = json.dumps(row)
-    print(line)
-    if args.out:
-        with open(args.out, "a") as fh:
-            fh.write(line + "\n")
+    emit(run(args.trace, args.num_blocks, args.page_size, args.policy, args.limit), args.out)
 
 
 if __name__ == "__main__":
