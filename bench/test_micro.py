@@ -11,7 +11,9 @@ real traffic holds. Prompts are at most 128 pages at every size, so a larger
 cache holds more prompts, not longer ones: the figures across sizes show what
 the size of the cache costs each call. The operations then run at steady state on a full cache:
 
-* ``match``: the longest cached prefix of a cached prompt (a full hit).
+* ``match``: the longest cached prefix of a wholly cached prompt (a full hit),
+  256 prompts taken at the same length quantiles at every size;
+  ``extra_info`` holds the mean pages matched and nodes crossed.
 * ``insert``: ``allocate`` + ``insert`` of a prompt's uncached pages (32 new
   ones below a cached prefix), their blocks freed beforehand and the prefix
   locked (untimed), so no eviction is timed.
@@ -48,7 +50,7 @@ class Workload:
         rng = np.random.default_rng(seed)
         self.rng = rng
         self.cache = PrefixCache(size, PAGE)
-        self.prompts: list = []  # reservoir of up to 4096 cached prompts
+        self.prompts: list = []  # reservoir of up to 4096 prompts admitted while filling
         seen = 0
         while self.cache.num_cached_blocks < size:
             tokens = self.new_prompt(int(rng.integers(1, min(64, size // 4) + 1)))
@@ -74,18 +76,41 @@ class Workload:
         cut = int(rng.integers(0, min(len(base) // PAGE, room) + 1)) * PAGE
         return np.concatenate([base[:cut], fresh])
 
-    def cached_prompt(self) -> np.ndarray:
-        return self.prompts[int(self.rng.integers(len(self.prompts)))]
-
 
 @pytest.fixture(scope="module", params=SIZES, ids=[f"{s:.0e}" for s in SIZES])
 def workload(request):
     return Workload(request.param)
 
 
+def path_shape(cache: PrefixCache, tokens: np.ndarray) -> tuple:
+    """``(pages cached, nodes crossed)`` for ``tokens``: a read-only walk, so nothing changes."""
+    tree = cache._tree
+    node, pages, child, common = tree.walk(tree.root(None), tokens.tobytes(), len(tokens) // PAGE)
+    nodes = 1 if child is not None else 0
+    while node.parent is not None:
+        node, nodes = node.parent, nodes + 1
+    return pages + common, nodes
+
+
+def full_hits(workload: Workload, count: int = 256) -> list:
+    """``count`` prompts wholly cached now, spread evenly over their length distribution.
+
+    Only prompts of the reservoir that are still wholly cached qualify (an
+    earlier benchmark may have evicted some), so every call is a full hit.
+    They are taken at evenly spaced length quantiles and shuffled, so every
+    size matches prompts of the same lengths (no draw-to-draw noise) in no
+    particular order.
+    """
+    cached = sorted((p for p in workload.prompts if path_shape(workload.cache, p)[0] == len(p) // PAGE), key=len)
+    picks = [cached[(2 * i + 1) * len(cached) // (2 * count)] for i in range(count)]
+    workload.rng.shuffle(picks)
+    return picks
+
+
 def test_match(benchmark, workload):
     cache = workload.cache
-    prompts = [workload.cached_prompt() for _ in range(256)]
+    prompts = full_hits(workload)
+    shapes = np.array([path_shape(cache, p) for p in prompts])
     it = iter(range(10**12))
 
     def match():
@@ -93,7 +118,9 @@ def test_match(benchmark, workload):
 
     result = benchmark(match)
     assert result.num_tokens > 0
-    benchmark.extra_info["cached_blocks"] = cache.num_cached_blocks
+    assert all(path_shape(cache, p)[0] == len(p) // PAGE for p in prompts)  # still full hits
+    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, pages_matched=round(shapes[:, 0].mean(), 1),
+                                nodes_crossed=round(shapes[:, 1].mean(), 1))
 
 
 def test_insert(benchmark, workload):
