@@ -45,6 +45,12 @@ def markdown(summary: dict) -> str:
               "| operation | min ratio | median ratio |", "|---|---:|---:|"]
     for group, (lo, hi) in sorted(growth(summary).items()):
         lines.append(f"| {group[5:]} | {hi['min'] / lo['min']:.2f}x | {hi['median'] / lo['median']:.2f}x |")
+    shapes = sorted((b for b in ops if b["group"] == "test_match" and "nodes_crossed" in b),
+                    key=lambda b: b["cached_blocks"])
+    if shapes:
+        lines += ["", "## What a match walks (means over the matched prompts, all full hits)", "",
+                  "| cached blocks | pages matched | nodes crossed |", "|---:|---:|---:|"]
+        lines += [f"| {b['cached_blocks']} | {b['pages_matched']} | {b['nodes_crossed']} |" for b in shapes]
     lines += ["", "## Replay throughput, LRU at 187,488 blocks of 16 tokens (best of rounds)", "",
               "| trace | miss reasons | seconds (min / median) | requests/s | prompt tokens/s | token hit rate |",
               "|---|---|---:|---:|---:|---:|"]
