@@ -119,6 +119,22 @@ def test_2q_ghost_promotes_an_evicted_run_that_comes_back():
     assert survivors(TwoQ(solve_every=1000)) == [(1, 2), (9, 10)]
 
 
+def test_2q_protects_only_the_pages_the_ghost_recognizes():
+    policy = TwoQ(solve_every=1000)
+    cache = PrefixCache(num_blocks=6, page_size=1, policy=policy)
+    policy.window = 100
+    # t1-t3 fill the cache; t4 evicts [1,2] into the ghost; t5 brings [1,2] back (protected,
+    # deadline 105) with fresh pages [9,10] (probationary, deadline 5), evicting [3,4] and [5,6]
+    for tokens in ([1, 2], [3, 4], [5, 6], [7, 8], [1, 2, 9, 10]):
+        cache.admit(tokens).release()
+    # t6 evicts [7,8] (deadline 4); t7 only the fresh tail [9,10] (deadline 5), not [1,2];
+    # t8 then [11,12] (deadline 6), before the protected [1,2]
+    for tokens in ([11, 12], [13, 14], [15, 16]):
+        cache.admit(tokens).release()
+        cache.check()
+    assert sorted(k[1] for k in cached_pages(cache)) == [(1,), (1, 2), (13,), (13, 14), (15,), (15, 16)]
+
+
 def test_2q_window_is_the_quantile_of_protected_reuse_gaps():
     policy = TwoQ(solve_every=1)
     cache = PrefixCache(num_blocks=64, page_size=1, policy=policy)
