@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +13,7 @@ from radixkv.replay import replay
 from radixkv.stats import MISS_REASONS
 from radixkv.traces import TraceReader
 
-CONVERSATION = Path("../shared/traces/mooncake_conversation.jsonl")
-SYNTHETIC = Path("../shared/traces/mooncake_synthetic.jsonl")
+from .shared_traces import SYNTHETIC
 
 
 def run(*args):

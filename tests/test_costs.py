@@ -18,7 +18,6 @@ from radixkv.costs import (
     CostArgumentError,
     CostModel,
     CostTypeError,
-    HardwareSpec,
     Link,
     ModelSpec,
     get_hardware,

@@ -17,7 +17,9 @@ from radixkv.errors import TraceFormatError
 from radixkv.reference import ReferenceLru, reference_lru_replay
 from radixkv.traces import expand_mooncake
 
-CONVERSATION = "../shared/traces/mooncake_conversation.jsonl"
+from .shared_traces import CONVERSATION as _CONVERSATION
+
+CONVERSATION = str(_CONVERSATION)
 
 
 @st.composite

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from radixkv import PrefixCache
 from radixkv.adapters.sglang import RadixKey, RadixKVCache
 from radixkv.adapters.vllm import VLLMBlockView
-from radixkv.events import BlockRemoved, BlockStored
+from radixkv.events import BlockStored
 from radixkv.hashing import BlockHasher, external_block_hash
 from radixkv.testing import RadixKVTarget
 from radixkv.tiers import HostTier, RemoteTier, TieredCache

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +17,7 @@ from radixkv.reference import reference_lru_replay
 from radixkv.replay import replay
 from radixkv.traces import Request, TraceReader
 
-CONVERSATION = Path("../shared/traces/mooncake_conversation.jsonl")
-SYNTHETIC = Path("../shared/traces/mooncake_synthetic.jsonl")
+from .shared_traces import CONVERSATION, SYNTHETIC
 
 
 @st.composite
@@ -80,7 +77,9 @@ def test_reference_figure_of_the_trace_readme():
     """Block-level LRU at page 512, 1,000 blocks: 4.45% block hit rate (shared/traces/README.md)."""
     hit_blocks = total_blocks = 0
     cache = PrefixCache(1000, 1)
-    for line in CONVERSATION.open():
+    with CONVERSATION.open() as f:
+        lines = list(f)
+    for line in lines:
         ids = json.loads(line)["hash_ids"]
         admission = cache.admit(ids)   # one token per 512-token block: a block-level replay
         admission.release()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +20,7 @@ from radixkv.stats import MISS_REASONS, PageHistory, PrefixKeys
 from radixkv.sweep import parse_capacities, parse_capacity, trace_curve
 from radixkv.traces import Request, TraceReader
 
-CONVERSATION = Path("../shared/traces/mooncake_conversation.jsonl")
-SYNTHETIC = Path("../shared/traces/mooncake_synthetic.jsonl")
+from .shared_traces import CONVERSATION, SYNTHETIC
 
 
 def req(tokens, namespace=None, timestamp=None):

@@ -9,7 +9,9 @@ from click.testing import CliRunner
 
 from radixkv.cli import main
 
-TRACE = "../shared/traces/mooncake_conversation.jsonl"
+from .shared_traces import CONVERSATION
+
+TRACE = str(CONVERSATION)
 
 
 def run(*args):
