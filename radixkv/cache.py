@@ -419,7 +419,11 @@ class PrefixCache:
             free = self._pool.num_free
             fit = min(keep, free + self._cached - self._protected)
             if fit > free:
-                self._evict(fit - free)
+                try:
+                    self._evict(fit - free)
+                except BaseException:  # a tier failed mid-eviction: the admission never happened
+                    self._unlock_node(node)
+                    raise
             new = self._pool.take(fit, CACHED)
             leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             if leaf is not None:
@@ -670,41 +674,43 @@ class PrefixCache:
         on_evict, on_truncate, on_remove = self._eviction_hooks
         spill = self._spill
         dropped = []  # blocks go back to the pool in one batch at the end
-        while freed < n:
-            node = victims.peek()
-            if node is None:
-                break
-            k = node.num_pages
-            if on_victim is not None:
-                run = on_victim(node)
-                if run <= 0:  # spared: the policy raised its rank, look again
+        try:  # if a tier's spill raises, the victims already cut still go back to the pool
+            while freed < n:
+                node = victims.peek()
+                if node is None:
+                    break
+                k = node.num_pages
+                if on_victim is not None:
+                    run = on_victim(node)
+                    if run <= 0:  # spared: the policy raised its rank, look again
+                        self._rank(node)
+                        continue
+                    k = min(k, run)
+                k = min(k, n - freed)
+                if spill is not None:  # a tier layer demotes the pages instead of dropping them
+                    spill(node, k)
+                if on_evict is not None:
+                    on_evict(node, victims.peek_key()[1])
+                if self._events is not None:
+                    self._events.removed(node.blocks[node.num_pages - k :])
+                dropped.append(tree.truncate(node, k))
+                self._cached -= k
+                freed += k
+                if node.gen >= 0:
+                    if on_truncate is not None:
+                        on_truncate(node)
                     self._rank(node)
-                    continue
-                k = min(k, run)
-            k = min(k, n - freed)
-            if on_evict is not None:
-                on_evict(node, victims.peek_key()[1])
-            if self._events is not None:
-                self._events.removed(node.blocks[node.num_pages - k :])
-            if spill is not None:  # a tier layer demotes the pages instead of dropping them
-                spill(node, k)
-            dropped.append(tree.truncate(node, k))
-            self._cached -= k
-            freed += k
-            if node.gen >= 0:
-                if on_truncate is not None:
-                    on_truncate(node)
-                self._rank(node)
-            else:
-                victims.discard(node)
-                if on_remove is not None:
-                    on_remove(node)
-                if self._expiry:
-                    self._expiry.pop(node, None)
-                self._rank(node.parent)
-        if dropped:
-            self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
-        self.evicted_blocks += freed
+                else:
+                    victims.discard(node)
+                    if on_remove is not None:
+                        on_remove(node)
+                    if self._expiry:
+                        self._expiry.pop(node, None)
+                    self._rank(node.parent)
+        finally:
+            if dropped:
+                self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
+            self.evicted_blocks += freed
         return freed
 
     def _lock_node(self, node: Node) -> None:
