@@ -1,16 +1,24 @@
-"""The SGLang-shaped adapter, driven the way SGLang's scheduler drives RadixCache.
+"""The SGLang-shaped adapter, driven the way SGLang 0.5.23's scheduler drives RadixCache.
 
 SGLang is not needed: its request, ReqToTokenPool and paged allocator are
 replaced by small duck-typed fakes that keep SGLang's conventions (slot =
 page * page_size + offset, page 0 reserved, freeing any slot of a page frees
-the page) and fail loudly on a double free. One optional test at the end runs
-only when ``sglang`` is importable.
+the page, the row state in ``req.kv``) and fail loudly on a double free. The
+engine loop follows SGLang's ``match_kv_cache`` -> ``lock`` -> allocate ->
+``checkpoint`` per chunk -> ``release_kv_cache``. The tests at the end run only
+when ``sglang`` is importable: they compare signatures with SGLang's
+``BasePrefixCache`` and drive the adapter through SGLang's own scheduler helpers.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import os
 import random
+import sys
+import warnings
+from array import array
 from types import SimpleNamespace
 from typing import List, Optional
 
@@ -19,26 +27,50 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixkv.policies import LRU
-from radixkv.adapters.sglang import MatchResult, RadixKey, RadixKVCache, register_with_sglang
-from radixkv.errors import InvalidBlocksError
-from radixkv.events import BlockRemoved, BlockStored
+if importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("torchvision") is None:
+    # SGLang's mem_cache imports torchvision at module level; bench/peers stands in for it (no code copied).
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench", "peers"))
+    import _shims  # noqa: E402
+
+    _shims.install_stub_packages(["torchvision"])
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+from radixkv.policies import LRU  # noqa: E402
+from radixkv.adapters.sglang import (  # noqa: E402
+    SGLANG_BASE, EvictParams, EvictResult, IncLockRefResult, InsertParams, LegacyMatchResult,
+    MatchPrefixParams, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
+from radixkv.errors import InvalidBlocksError  # noqa: E402
+from radixkv.events import BlockRemoved, BlockStored  # noqa: E402
+
+if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
+    import torch
+
+
+def _zeros(shape):
+    if SGLANG_BASE is not None:
+        return torch.zeros(shape, dtype=torch.int32)
+    return np.zeros(shape, dtype=np.int32)
 
 
 class FakeReqToTokenPool:
+    """SGLang 0.5.23's ReqToTokenPool, reduced: ``alloc``/``free`` take the request."""
+
     def __init__(self, size: int, max_context_len: int) -> None:
-        self.req_to_token = np.zeros((size, max_context_len), dtype=np.int32)
+        self.req_to_token = _zeros((size, max_context_len))
         self.free_slots = list(range(size))
 
-    def alloc(self) -> int:
-        return self.free_slots.pop()
+    def alloc(self, req) -> int:
+        req.kv.req_pool_idx = self.free_slots.pop()
+        return req.kv.req_pool_idx
 
     def write(self, indices, values) -> None:
-        self.req_to_token[indices] = np.asarray(values)
+        self.req_to_token[indices] = values if SGLANG_BASE is not None else np.asarray(values)
 
-    def free(self, idx: int) -> None:
-        assert idx not in self.free_slots, f"request slot {idx} freed twice"
+    def free(self, req) -> None:
+        idx = req.kv.req_pool_idx
+        assert idx is not None and idx not in self.free_slots, f"request slot {idx} freed twice"
         self.free_slots.append(idx)
+        req.kv.req_pool_idx = None
 
 
 class FakePagedAllocator:
@@ -65,24 +97,52 @@ class FakePagedAllocator:
         self.free_pages.extend(pages)
         self.on_free(pages)
 
+    def free_segments(self, segments) -> None:  # what SGLang's BasePrefixCache.free_kv_row calls
+        for indices, _start in segments:
+            self.free(indices)
+
+
+class FakeKv:
+    """SGLang 0.5.23's ``ReqKvInfo``: the request's row and the tree-owned part of it."""
+
+    def __init__(self) -> None:
+        self.req_pool_idx: Optional[int] = None
+        self.cache_protected_len = 0
+        self.cache_inserted_len = 0
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+
+    def get_evicted_seqlen(self, component) -> int:  # no sliding window
+        return 0
+
+    def swa_dead_lo(self, page_size: int) -> int:
+        return self.cache_protected_len
+
 
 class FakeReq:
-    def __init__(self, prompt: List[int], extra_key: Optional[str] = None) -> None:
+    def __init__(self, prompt: List[int], extra_key: Optional[str] = None, cache_salt: Optional[str] = None) -> None:
+        self.rid = f"req-{id(self)}"
         self.origin_input_ids = list(prompt)
         self.output_ids: List[int] = []
-        self.fill_ids = list(prompt)
+        self.full_untruncated_fill_ids = list(prompt)
         self.extra_key = extra_key
-        self.req_pool_idx = None
-        self.prefix_indices = np.empty(0, dtype=np.int64)
+        self.cache_salt = cache_salt
+        self.priority = None
+        self.kv = FakeKv()
+        self.lock = None
         self.last_node = None
-        self.cache_protected_len = 0
+        self.prefix_len = 0
+        self.extend_end = 0
 
 
 class FakeEngine:
-    """A scheduler loop in SGLang's order: match, lock, extend (chunked), decode, cache_finished_req.
+    """A scheduler loop in SGLang 0.5.23's order.
 
-    ``kv[slot]`` records which (namespace, prefix) a slot's KV was computed for,
-    so a wrongly served slot is caught when it is read.
+    match_prefix -> lock -> row from prefix_device_indices -> extend (checkpoint
+    after every chunk but the last) -> decode -> release: checkpoint, free_kv_row
+    of the request's own part, unlock, free the row. ``kv[slot]`` records which
+    (namespace, prefix) a slot's KV was computed for, so a wrongly served slot
+    is caught when it is read.
     """
 
     def __init__(self, page_size: int, num_pages: int, *, events: bool = False, policy="lru") -> None:
@@ -104,63 +164,67 @@ class FakeEngine:
     def _new_page(self) -> int:
         page = self.alloc.alloc_page()
         if page is None:
-            self.tree.evict(self.page_size)
+            result = self.tree.evict_for_alloc(EvictParams(num_tokens=self.page_size))
+            assert isinstance(result, EvictResult)
             page = self.alloc.alloc_page()
         if page is None:
             raise MemoryError("out of KV pages")
         return page
 
+    def _row(self, req: FakeReq, n: int) -> List[int]:
+        return [int(s) for s in self.pool.req_to_token[req.kv.req_pool_idx, :n].tolist()]
+
     def _compute(self, req: FakeReq, start: int, end: int, tokens: List[int]) -> None:
         """Give tokens start..end slots (continuing the request's last page) and 'compute' their KV."""
         p = self.page_size
-        row = self.pool.req_to_token[req.req_pool_idx]
+        row = self._row(req, start)
         for i in range(start, end):
-            if i % p == 0:
-                row[i] = self._new_page() * p
-            else:
-                row[i] = row[i - 1] + 1
-            self.kv[int(row[i])] = (req.extra_key, tuple(tokens[: i + 1]))
+            row.append(self._new_page() * p if i % p == 0 else row[i - 1] + 1)
+            self.kv[row[i]] = (req.extra_key, tuple(tokens[: i + 1]))
+        if end > start:
+            self.pool.write((req.kv.req_pool_idx, slice(start, end)), _as_row(row[start:end]))
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
 
     def _verify(self, req: FakeReq, n: int, tokens: List[int]) -> None:
-        row = self.pool.req_to_token[req.req_pool_idx]
-        for i in range(n):
-            assert self.kv.get(int(row[i])) == (req.extra_key, tuple(tokens[: i + 1])), (
-                f"slot {int(row[i])} for token {i} holds KV of {self.kv.get(int(row[i]))}")
+        for i, slot in enumerate(self._row(req, n)):
+            assert self.kv.get(slot) == (req.extra_key, tuple(tokens[: i + 1])), (
+                f"slot {slot} for token {i} holds KV of {self.kv.get(slot)}")
 
     def start(self, prompt: List[int], extra_key: Optional[str] = None, chunk: int = 0) -> FakeReq:
         req = FakeReq(prompt, extra_key)
-        m = self.tree.match_prefix(RadixKey(prompt, extra_key))
-        assert isinstance(m, MatchResult) and m.last_host_node is m.last_device_node
-        req.prefix_indices = m.device_indices
-        req.last_node = m.last_device_node
-        req.cache_protected_len = len(m.device_indices)
-        self.tree.inc_lock_ref(req.last_node)
-        req.req_pool_idx = self.pool.alloc()
-        hit = len(m.device_indices)
-        self.pool.write((req.req_pool_idx, slice(0, hit)), m.device_indices)
+        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(prompt, extra_key, limit=len(prompt) - 1)))
+        assert isinstance(m, MatchResult) and m.last_host_node is m.last_device_node is m.best_match_node
+        req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
+        req.kv.cache_protected_len = req.prefix_len
+        req.lock = self.tree.lock(req.last_node)
+        prefix = self.tree.prefix_device_indices(req)
+        assert len(prefix) == req.prefix_len
+        self.pool.alloc(req)
+        hit = req.prefix_len
+        if hit:
+            self.pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
         self._verify(req, hit, prompt)
-        done = hit
         step = chunk or len(prompt)
-        while done < len(prompt):  # chunked prefill: cache_unfinished_req after every chunk but the last
-            end = min(len(prompt), done + step)
-            self._compute(req, done, end, prompt)
-            done = end
-            if done < len(prompt):
-                req.fill_ids = prompt[:done]
-                self.tree.cache_unfinished_req(req, chunked=True)
-                self._verify(req, done, prompt)
-        req.fill_ids = list(prompt)
+        while req.prefix_len < len(prompt):  # chunked prefill: checkpoint after every chunk but the last
+            req.extend_end = min(len(prompt), req.prefix_len + step)
+            self._compute(req, req.prefix_len, req.extend_end, prompt)
+            if req.extend_end < len(prompt):
+                self.tree.checkpoint(req, up_to=req.extend_end)
+                self._verify(req, req.extend_end, prompt)
+            req.prefix_len = req.extend_end
         self.running.append(req)
         return req
 
     def continue_prefill(self, req: FakeReq, more: List[int]) -> None:
-        """Prefill ``more`` prompt tokens of a running request as one more chunk, then cache it."""
+        """Prefill ``more`` prompt tokens of a running request as one more chunk, then checkpoint it."""
         start = len(req.origin_input_ids)
         req.origin_input_ids += list(more)
+        req.full_untruncated_fill_ids = list(req.origin_input_ids)
         self._compute(req, start, len(req.origin_input_ids), req.origin_input_ids)
-        req.fill_ids = list(req.origin_input_ids)
-        self.tree.cache_unfinished_req(req, chunked=True)
-        self._verify(req, len(req.fill_ids), req.fill_ids)
+        req.extend_end = len(req.origin_input_ids)
+        self.tree.checkpoint(req, up_to=req.extend_end)
+        self._verify(req, req.extend_end, req.origin_input_ids)
 
     def decode(self, req: FakeReq, new_tokens: List[int]) -> None:
         for t in new_tokens:
@@ -170,10 +234,18 @@ class FakeEngine:
             req.output_ids.append(t)
 
     def finish(self, req: FakeReq) -> None:
-        seq = req.origin_input_ids + req.output_ids
-        self._verify(req, len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0), seq)
+        """SGLang's release_kv_cache(req, tree, checkpoint=True), step by step."""
+        owned = req.kv.kv_committed_len
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+        self._verify(req, owned, req.full_untruncated_fill_ids)
         self.running.remove(req)
-        self.tree.cache_finished_req(req)
+        assert not self.tree.claim_kv_row(req)
+        self.tree.checkpoint(req, up_to=owned)
+        self.tree.free_kv_row(req.kv, [(req.kv.cache_protected_len, owned)])
+        self.tree.unlock(req.lock)
+        req.lock = None
+        self.tree.on_release(req, checkpointed=True)
+        self.pool.free(req)
 
     def check(self) -> None:
         """No page lost, none in two places: free + cached + held by running requests == all pages."""
@@ -184,9 +256,7 @@ class FakeEngine:
             cached.update(node.blocks.tolist())
         held = set()
         for req in self.running:
-            n = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
-            pages = set((self.pool.req_to_token[req.req_pool_idx, :n] // p).tolist())
-            held |= pages - cached
+            held |= {s // p for s in self._row(req, req.kv.kv_committed_len)} - cached
         free = set(self.alloc.free_pages)
         assert not (free & cached) and not (free & held), "a page is free and in use"
         assert free | cached | held == set(range(1, self.alloc.num_pages + 1)), (
@@ -194,23 +264,52 @@ class FakeEngine:
         assert self.tree.total_size() == len(cached) * p
 
 
+def _as_row(values: List[int]):
+    if SGLANG_BASE is not None:
+        return torch.tensor(values, dtype=torch.int64)
+    return np.asarray(values, dtype=np.int64)
+
+
+def _slots(tree: RadixKVCache, tokens: List[int], extra_key: Optional[str] = None) -> List[int]:
+    """Slot indices of the cached prefix of ``tokens``."""
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens, extra_key)))
+    return [int(s) for s in np.asarray(tree.path_device_indices(m.last_device_node))]
+
+
 # ---------------------------------------------------------------- unit behaviour
 def test_match_insert_sizes_and_lock_deltas_page_size_1():
     engine = FakeEngine(page_size=1, num_pages=32)
     tree = engine.tree
-    m = tree.match_prefix(RadixKey([1, 2, 3]))
-    assert len(m.device_indices) == 0 and m.host_hit_length == 0
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3])))
+    assert m.device_prefix_len == 0 and m.host_hit_length == 0
+    assert m.last_device_node.num_pages == 0 and len(tree.path_device_indices(m.last_device_node)) == 0
     req = engine.start([1, 2, 3, 4])
     engine.decode(req, [9, 8])
     engine.finish(req)
     assert tree.total_size() == 5 and tree.evictable_size() == 5 and tree.protected_size() == 0
-    m = tree.match_prefix(RadixKey([1, 2, 3, 4, 9, 7]))
-    assert len(m.device_indices) == 5
-    assert tree.inc_lock_ref(m.last_device_node) == -5
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4, 9, 7])))
+    assert m.device_prefix_len == 5 and len(tree.path_device_indices(m.last_device_node)) == 5
+    inc = tree.inc_lock_ref(m.last_device_node)
+    assert isinstance(inc, IncLockRefResult) and inc.delta == -5
     assert tree.protected_size() == 5 and tree.evictable_size() == 0
-    assert tree.evict(5) == 0  # everything protected
-    assert tree.dec_lock_ref(m.last_device_node) == 5
-    assert tree.evict(2) == 2 and tree.total_size() == 3
+    assert tree.evict(EvictParams(num_tokens=5)).num_tokens_evicted == 0  # everything protected
+    assert tree.dec_lock_ref(m.last_device_node, inc.to_dec_params()).delta == 5
+    assert tree.evict(EvictParams(num_tokens=2)).num_tokens_evicted == 2 and tree.total_size() == 3
+    engine.check()
+
+
+def test_lock_and_unlock_nest_like_sglangs_tree_lock():
+    engine = FakeEngine(page_size=2, num_pages=16)
+    engine.finish(engine.start([1, 2, 3, 4, 5]))
+    tree = engine.tree
+    node = tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4]))).last_device_node
+    first, second = tree.lock(node), tree.lock(node)
+    assert tree.protected_size() == 4
+    tree.unlock(first)
+    assert tree.protected_size() == 4   # still held by the second lock
+    tree.unlock(second)
+    tree.unlock(None)                   # SGLang unlocks a request that never locked
+    assert tree.protected_size() == 0 and tree.evictable_size() == 4
     engine.check()
 
 
@@ -220,9 +319,23 @@ def test_page_size_4_maps_slots_to_pages_and_frees_partial_pages():
     engine.decode(req, [50, 51, 52])
     engine.finish(req)                           # 12 tokens with KV -> 3 pages cached
     assert engine.tree.total_size() == 12
-    m = engine.tree.match_prefix(RadixKey(list(range(10)) + [50, 51, 99]))
-    slots = np.asarray(m.device_indices)
+    slots = np.asarray(_slots(engine.tree, list(range(10)) + [50, 51, 99]))
     assert len(slots) == 12 and np.all(slots.reshape(3, 4) % 4 == np.arange(4))
+    engine.check()
+
+
+def test_insert_returns_the_cached_prefix_and_owns_new_pages():
+    engine = FakeEngine(page_size=2, num_pages=8)
+    tree, alloc = engine.tree, engine.alloc
+    pages = [alloc.alloc_page() for _ in range(2)]
+    value = _as_row([pages[0] * 2, pages[0] * 2 + 1, pages[1] * 2, pages[1] * 2 + 1, 99])
+    result = tree.insert(InsertParams(key=RadixKey([1, 2, 3, 4, 5]), value=value))
+    assert result.prefix_len == 0 and tree.total_size() == 4
+    assert tree.path_device_indices(result.last_device_node).tolist() == [int(v) for v in value[:4]]
+    dup = alloc.alloc_page()
+    again = tree.insert(InsertParams(key=RadixKey([1, 2]), value=_as_row([dup * 2, dup * 2 + 1])))
+    assert again.prefix_len == 2           # the caller frees its duplicate page, as with SGLang
+    alloc.free([dup * 2])
     engine.check()
 
 
@@ -231,27 +344,47 @@ def test_insert_with_misaligned_slots_raises_and_changes_nothing():
     tree = engine.tree
     before = (tree.total_size(), tree.evictable_size(), engine.alloc.free_pages[:])
     with pytest.raises(InvalidBlocksError):
-        tree.insert(RadixKey([1, 2, 3, 4]), np.array([4, 5, 7, 6]))  # not page * 4 + offset
+        tree.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=_as_row([4, 5, 7, 6])))  # not page * 4 + offset
     with pytest.raises(ValueError):
-        tree.insert(RadixKey([1, 2, 3, 4]), np.array([4, 5, 6]))     # one slot missing
+        tree.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=_as_row([4, 5, 6])))     # one slot missing
     with pytest.raises(ValueError):
-        tree.insert(RadixKey([1, 2, 3, 4]))                          # no value
+        tree.insert(InsertParams(key=RadixKey([1, 2, 3, 4])))                                # no value
+    with pytest.raises(TypeError):
+        tree.evict(5)                                                                        # not EvictParams
+    with pytest.raises(ValueError):
+        tree.evict(EvictParams(num_tokens=-1))
     assert (tree.total_size(), tree.evictable_size(), engine.alloc.free_pages) == before
     engine.check()
 
 
-def test_extra_key_isolates_requests():
+def test_bigram_keys_are_refused():
+    tree = FakeEngine(page_size=1, num_pages=4).tree
+    with pytest.raises(ValueError, match="bigram"):
+        tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3], is_bigram=True)))
+
+
+def test_extra_key_and_cache_salt_isolate_requests():
     engine = FakeEngine(page_size=2, num_pages=32)
     for key in (None, "lora-7", "tenant-b"):
         req = engine.start([5, 6, 7, 8, 9], extra_key=key)
         engine.finish(req)
     assert engine.tree.total_size() == 12  # the same 4 tokens cached once per namespace
     for key in (None, "lora-7", "tenant-b"):
-        m = engine.tree.match_prefix(RadixKey([5, 6, 7, 8], key))
-        assert len(m.device_indices) == 4
-        assert all(engine.kv[int(s)][0] == key for s in m.device_indices)
-    assert len(engine.tree.match_prefix(RadixKey([5, 6, 7, 8], "other")).device_indices) == 0
+        slots = _slots(engine.tree, [5, 6, 7, 8], key)
+        assert len(slots) == 4 and all(engine.kv[s][0] == key for s in slots)
+    assert _slots(engine.tree, [5, 6, 7, 8], "other") == []
+    salted = MatchPrefixParams(key=RadixKey([5, 6, 7, 8], "lora-7", cache_salt="s1"))
+    assert engine.tree.match_prefix(salted).device_prefix_len == 0
+    root = engine.tree.root_node_handle("lora-7")
+    assert root is engine.tree.root_node_handle("lora-7") and len(engine.tree.path_device_indices(root)) == 0
     engine.check()
+
+
+def test_limit_caps_the_match_like_sglangs_logprob_rule():
+    engine = FakeEngine(page_size=1, num_pages=16)
+    engine.finish(engine.start([3, 1, 4, 1, 5]))
+    key = RadixKey([3, 1, 4, 1, 5], limit=3)
+    assert engine.tree.match_prefix(MatchPrefixParams(key=key)).device_prefix_len == 3
 
 
 def test_duplicate_prefix_computed_twice_is_freed_once():
@@ -270,7 +403,7 @@ def test_chunked_prefill_rewrites_the_row_to_cached_copies():
     first = engine.start(list(range(12)), chunk=5)
     engine.finish(first)
     second = engine.start(list(range(12)) + [40, 41, 42], chunk=3)  # hits 6 pages, then chunks
-    assert second.cache_protected_len >= 12
+    assert second.kv.cache_protected_len >= 12
     engine.decode(second, [7])
     engine.finish(second)
     engine.check()
@@ -283,9 +416,8 @@ def test_chunk_computed_twice_switches_to_the_cached_copy():
     a = engine.start(prompt)                      # a computes the same prefix (no hit yet) ...
     engine.finish(a)                              # ... and caches it first
     engine.continue_prefill(b, prompt[4:8])       # b's next chunk finds its pages already cached
-    assert b.cache_protected_len == 8
-    row = engine.pool.req_to_token[b.req_pool_idx, :8]
-    assert np.array_equal(row, engine.tree.match_prefix(RadixKey(prompt[:8])).device_indices)
+    assert b.kv.cache_protected_len == 8
+    assert engine._row(b, 8) == _slots(engine.tree, prompt[:8])
     engine.check()
     engine.finish(b)
     engine.check()
@@ -304,13 +436,14 @@ def test_eviction_frees_pages_to_the_allocator():
 def test_disable_caches_nothing_and_frees_everything():
     pool, alloc = FakeReqToTokenPool(4, 64), FakePagedAllocator(32, 1)
     tree = RadixKVCache(pool, alloc, 1, disable=True)
+    assert not tree.supports_prefix_sharing()
     engine = FakeEngine(1, 32)
     engine.pool, engine.alloc, engine.tree = pool, alloc, tree
     req = engine.start([1, 2, 3, 4])
     engine.decode(req, [5, 6])
     engine.finish(req)
     assert tree.total_size() == 0 and alloc.available_size() == 32
-    assert len(tree.match_prefix(RadixKey([1, 2, 3])).device_indices) == 0
+    assert tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3]))).device_prefix_len == 0
 
 
 def test_events_and_reset():
@@ -329,27 +462,35 @@ def test_events_and_reset():
     engine.tree.check()
 
 
-def test_newer_sglang_parameter_objects_are_accepted():
+def test_sglang_0_5_5_calling_convention_still_works():
     engine = FakeEngine(page_size=1, num_pages=16)
     engine.finish(engine.start([3, 1, 4, 1, 5]))
-    m = engine.tree.match_prefix(SimpleNamespace(key=RadixKey([3, 1, 4, 1, 5])))
-    assert len(m.device_indices) == 5
-    assert engine.tree.evict(SimpleNamespace(num_tokens=2)) == 2
+    m = engine.tree.match_prefix(RadixKey([3, 1, 4, 1, 5]))
+    assert isinstance(m, LegacyMatchResult) and len(m.device_indices) == 5
+    page = engine.alloc.alloc_page()
+    assert engine.tree.insert(RadixKey([3, 1, 4, 1, 5, 9]), _as_row(list(m.device_indices) + [page])) == 5
+    assert engine.tree.total_size() == 6
     engine.check()
 
 
-def test_method_set_matches_sglang_base_prefix_cache():
-    """The method names and parameters of SGLang v0.5.5's BasePrefixCache, written down here."""
+def test_standalone_signatures_match_sglang_0_5_23_as_written_down():
+    """Without SGLang: the 0.5.23 abstract methods' parameters (name, kind, default), written down here.
+
+    The optional test below checks the same against the installed SGLang itself.
+    """
+    P = inspect.Parameter
     expected = {
-        "reset": [], "match_prefix": ["key"], "cache_finished_req": ["req", "is_insert"],
-        "cache_unfinished_req": ["req", "chunked"], "evict": ["num_tokens"], "inc_lock_ref": ["node"],
-        "dec_lock_ref": ["node", "swa_uuid_for_lock"], "evictable_size": [], "protected_size": [],
-        "total_size": [], "take_events": [], "insert": ["key", "value", "chunked"], "pretty_print": [],
+        "reset": [], "match_prefix": [("params", P.POSITIONAL_OR_KEYWORD, P.empty)],
+        "checkpoint": [("req", P.POSITIONAL_OR_KEYWORD, P.empty), ("up_to", P.KEYWORD_ONLY, P.empty),
+                       ("kwargs", P.VAR_KEYWORD, P.empty)],
+        "evict": [("params", P.POSITIONAL_OR_KEYWORD, P.empty)],
+        "inc_lock_ref": [("node", P.POSITIONAL_OR_KEYWORD, P.empty)],
+        "dec_lock_ref": [("node", P.POSITIONAL_OR_KEYWORD, P.empty), ("params", P.POSITIONAL_OR_KEYWORD, None)],
     }
     for name, params in expected.items():
         sig = inspect.signature(getattr(RadixKVCache, name))
-        names = [p for p in sig.parameters if p != "self"]
-        assert names[: len(params)] == params, f"{name}{sig}"
+        got = [(p.name, p.kind, p.default) for p in sig.parameters.values()][1:]
+        assert got == params, f"{name}{sig}"
     for attr in ("req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "disable"):
         assert hasattr(FakeEngine(1, 4).tree, attr)
 

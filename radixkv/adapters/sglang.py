@@ -1,42 +1,67 @@
 """A drop-in for SGLang's ``RadixCache``, backed by :class:`~radixkv.PrefixCache`.
 
-:class:`RadixKVCache` has the method set of SGLang's ``BasePrefixCache`` as of
-**SGLang v0.5.5** (``python/sglang/srt/mem_cache/base_prefix_cache.py`` and
-``radix_cache.py``):
+Target: **SGLang 0.5.23** (``python/sglang/srt/mem_cache/base_prefix_cache.py``,
+``radix_cache.py``, and the scheduler's calls in ``mem_cache/common.py``,
+``mem_cache/allocation.py`` and ``managers/schedule_policy.py``).
+:class:`RadixKVCache` implements every abstract method of that release's
+``BasePrefixCache`` with the same parameter names, kinds and defaults, plus the
+methods ``RadixCache`` overrides:
 
-* ``match_prefix(key: RadixKey, **kwargs) -> MatchResult(device_indices,
-  last_device_node, last_host_node, host_hit_length)``
-* ``insert(key: RadixKey, value=None, chunked=False) -> int`` (tokens already cached)
-* ``cache_finished_req(req, is_insert=True, **kwargs)``,
-  ``cache_unfinished_req(req, chunked=False, **kwargs)``
-* ``evict(num_tokens)``, ``inc_lock_ref(node) -> int``,
-  ``dec_lock_ref(node, swa_uuid_for_lock=None) -> int`` (change in evictable tokens)
-* ``evictable_size()``, ``protected_size()``, ``total_size()`` (tokens),
-  ``reset()``, ``take_events()``
+* ``match_prefix(params: MatchPrefixParams) -> MatchResult(device_prefix_len,
+  last_device_node, last_host_node, best_match_node, ...)``
+* ``checkpoint(req, *, up_to)``: insert the request's KV up to row position
+  ``up_to``, repoint its row at the tree's copies, move ``req.lock`` /
+  ``req.last_node``, advance ``req.kv.cache_protected_len``. Frees only
+  duplicates; SGLang's ``release_kv_cache`` frees the rest.
+* ``evict(params: EvictParams) -> EvictResult``
+* ``inc_lock_ref(node) -> IncLockRefResult``, ``dec_lock_ref(node, params=None)
+  -> DecLockRefResult`` (``delta`` = change in evictable tokens)
+* ``insert(params: InsertParams) -> InsertResult``, ``path_device_indices(node)``,
+  ``touch_prefix(key)``, ``evictable_size()``, ``protected_size()``,
+  ``total_size()``, ``reset()``, ``take_events()``, ``supports_prefix_sharing()``
 
-and the attributes of SGLang's ``PrefixCacheTrait`` (``req_to_token_pool``,
-``token_to_kv_pool_allocator``, ``page_size``, ``disable``). Later SGLang
-releases pass ``MatchPrefixParams``/``EvictParams`` objects; those are
-accepted too (their ``key``/``num_tokens`` is read).
+When ``sglang`` is importable, :class:`RadixKVCache` *subclasses* SGLang's
+``BasePrefixCache`` and every type here (``MatchResult``, ``EvictResult``,
+``IncLockRefResult``, ``MatchPrefixParams``, ``RadixKey``, ...) **is** SGLang's
+own, so the scheduler's other calls (``lock``/``unlock``, ``free_kv_row``,
+``prefix_device_indices``, ``evict_for_alloc``, the SWA/mamba/storage hooks)
+run SGLang's base implementations. Without SGLang, the types are radixkv's
+mirrors (same field names and order) and :class:`StandaloneBase` provides the
+subset of those base methods a plain (non-SWA, non-mamba, no host tier) cache
+needs. :data:`SGLANG_BASE` says which one is in use.
+
+What differs from SGLang 0.5.5, which earlier versions of this adapter
+followed: ``cache_finished_req`` / ``cache_unfinished_req`` are gone (SGLang
+calls ``checkpoint`` and then frees the row itself); ``match_prefix``,
+``insert`` and ``evict`` take parameter objects; ``MatchResult`` carries
+``device_prefix_len`` (the indices are read with ``path_device_indices``) and
+``best_match_node``; lock calls and ``evict`` return result objects, not ints;
+requests keep their row state in ``req.kv`` (``req_pool_idx``,
+``cache_protected_len``) and their lock in ``req.lock``. For existing callers,
+``match_prefix(RadixKey)`` and ``insert(RadixKey, value)`` (the 0.5.5 calling
+convention) still work and return :class:`LegacyMatchResult` / ``int``.
+
+Not supported: EAGLE bigram keys (``RadixKey.is_bigram``), SWA and mamba
+components, HiCache host tiers, and the ``dfs-weight`` schedule policy's
+``dfs_weight_order`` (it walks SGLang tree nodes; radixkv hands out handles).
 
 Mapping. SGLang addresses KV by token slot; its paged allocator hands out
 page-aligned runs, slot ``= page * page_size + offset``. radixkv's block id is
-SGLang's page index (the slot itself when ``page_size == 1``), and a node
-handle is SGLang's "node". Every block radixkv does not cache is *held* by
-SGLang (its allocator or a request): the adapter takes the whole pool at
-start, hands evicted and duplicate blocks straight back to SGLang's
-allocator, and so never owns a free block between calls. ``extra_key``
-(SGLang's LoRA id / ``cache_salt`` namespace) is radixkv's ``namespace``.
-
-Requests are duck-typed: ``origin_input_ids``, ``output_ids``, ``fill_ids``,
-``req_pool_idx``, ``prefix_indices``, ``last_node``, ``extra_key`` and
-(optional, v0.5.5) ``cache_protected_len``. Index tensors may be torch tensors
-(results come back as int64 tensors on the pool's device) or numpy arrays.
+SGLang's page index (the slot itself when ``page_size == 1``), and a
+:class:`~radixkv.cache.NodeHandle` is SGLang's "node". Every block radixkv
+does not cache is *held* by SGLang (its allocator or a request): the adapter
+takes the whole pool at start, hands evicted and duplicate blocks straight
+back to SGLang's allocator, and so never owns a free block between calls.
+``RadixKey.extra_key`` (LoRA id) and ``cache_salt`` (tenant) together name
+radixkv's ``namespace``. Index tensors may be torch tensors (results come back
+as int64 tensors on the pool's device) or numpy arrays.
 """
 
 from __future__ import annotations
 
-from typing import Any, Hashable, List, NamedTuple, Optional, Sequence, Tuple
+import dataclasses
+import json
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -45,38 +70,144 @@ from ..errors import InvalidBlocksError
 from ..events import KVCacheEvent
 from ..keys import check_positive_int
 
+SGLANG_TARGET_VERSION = "0.5.23"
+"""The SGLang release whose ``BasePrefixCache`` this adapter follows."""
 
-class RadixKey:
-    """SGLang's radix key: token ids plus an optional ``extra_key`` namespace.
 
-    ``extra_key`` isolates caches: LoRA adapter id, tenant ``cache_salt``, ...
-    Requests with different ``extra_key`` never share a page.
+# ---------------------------------------------------------------- radixkv's mirrors of SGLang's types
+# Field names and order follow SGLang 0.5.23 so code written against SGLang reads
+# them unchanged. Results are mutable dataclasses, as SGLang's are: its
+# scheduler accumulates into an EvictResult in place.
+class _RadixKey:
+    """SGLang's radix key: token ids plus the namespace (``extra_key``, ``cache_salt``).
+
+    ``limit`` caps the tokens used (``token_ids[:limit]`` without copying).
+    ``extra_key`` (LoRA adapter) and ``cache_salt`` (tenant) isolate caches:
+    keys that differ in either never share a page.
     """
 
-    __slots__ = ("token_ids", "extra_key")
+    __slots__ = ("token_ids", "extra_key", "cache_salt", "is_bigram", "limit")
 
-    def __init__(self, token_ids: Sequence[int], extra_key: Optional[str] = None) -> None:
+    def __init__(self, token_ids: Sequence[int], extra_key: Optional[str] = None,
+                 is_bigram: bool = False, limit: Optional[int] = None,
+                 cache_salt: Optional[str] = None) -> None:
         self.token_ids = token_ids
         self.extra_key = extra_key
+        self.cache_salt = cache_salt or None
+        self.is_bigram = is_bigram
+        self.limit = limit
+
+    def raw_token_ids(self) -> Sequence[int]:
+        """``token_ids`` honouring ``limit``."""
+        if self.limit is not None and self.limit < len(self.token_ids):
+            return self.token_ids[: self.limit]
+        return self.token_ids
 
     def __len__(self) -> int:
-        return len(self.token_ids)
+        return len(self.raw_token_ids())
 
-    def __getitem__(self, index: slice) -> "RadixKey":
+    def __getitem__(self, index: slice) -> "_RadixKey":
         if not isinstance(index, slice):
             raise TypeError(f"RadixKey supports slicing only, got {index!r}")
-        return RadixKey(self.token_ids[index], self.extra_key)
+        return _RadixKey(self.raw_token_ids()[index], self.extra_key, cache_salt=self.cache_salt)
 
     def __repr__(self) -> str:
-        return f"RadixKey(len={len(self.token_ids)}, extra_key={self.extra_key!r})"
+        return f"RadixKey(len={len(self)}, extra_key={self.extra_key!r}, cache_salt={self.cache_salt!r})"
 
 
-class MatchResult(NamedTuple):
-    """SGLang's ``MatchResult`` (same fields, same order).
+@dataclasses.dataclass
+class _MatchPrefixParams:
+    key: Any
+    cow_mamba: bool = False
+    req: Any = None
+
+
+@dataclasses.dataclass
+class _InsertParams:
+    key: Any = None
+    value: Any = None
+    priority: int = 0
+    inserted_len: int = 0
+
+
+@dataclasses.dataclass
+class _InsertResult:
+    prefix_len: int
+    total_len: int = 0
+    last_device_node: Any = None
+
+
+@dataclasses.dataclass
+class _EvictParams:
+    num_tokens: int = 0
+    swa_num_tokens: int = 0
+    mamba_num: int = 0
+
+
+@dataclasses.dataclass
+class _EvictResult:
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
+
+
+@dataclasses.dataclass
+class _DecLockRefParams:
+    node_id: Optional[int] = None
+    skipped_lock_components: tuple = ()
+    component_lock_uuids: dict = dataclasses.field(default_factory=dict)
+    component_host_lock_uuids: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _IncLockRefResult:
+    delta: Optional[int] = None
+    node_id: Optional[int] = None
+    skipped_lock_components: tuple = ()
+    component_lock_uuids: dict = dataclasses.field(default_factory=dict)
+    component_host_lock_uuids: dict = dataclasses.field(default_factory=dict)
+
+    def to_dec_params(self) -> _DecLockRefParams:
+        """The receipt ``dec_lock_ref`` takes back."""
+        return _DecLockRefParams(self.node_id, tuple(self.skipped_lock_components),
+                                 dict(self.component_lock_uuids), dict(self.component_host_lock_uuids))
+
+
+@dataclasses.dataclass
+class _DecLockRefResult:
+    delta: Optional[int] = None
+
+
+@dataclasses.dataclass
+class _TreeLock:
+    node: Any
+    receipt: Any
+    swa_released: bool = False
+
+
+class _MatchResult(NamedTuple):
+    device_prefix_len: int
+    last_device_node: Any
+    last_host_node: Any
+    best_match_node: Any
+    host_hit_length: int = 0
+    swa_host_hit_length: int = 0
+    swa_branching_seqlen: Optional[int] = None
+    mamba_host_hit_length: int = 0
+    mamba_branching_seqlen: Optional[int] = None
+    cache_protected_len: Optional[int] = None
+    full_kv_hit_length: int = 0
+    cache_actions: Sequence[Any] = ()
+    last_visited_node_id: Optional[int] = None
+    full_device_match_len: Optional[int] = None
+
+
+class LegacyMatchResult(NamedTuple):
+    """What ``match_prefix(RadixKey)`` returns: SGLang 0.5.5's ``MatchResult`` (same fields).
 
     Attributes:
         device_indices: token-slot indices of the matched prefix (int64).
-        last_device_node: handle of the deepest matched node; lock it with ``inc_lock_ref``.
+        last_device_node: handle of the deepest matched node.
         last_host_node: same as ``last_device_node`` (no host tier behind this adapter).
         host_hit_length: always 0.
     """
@@ -85,6 +216,115 @@ class MatchResult(NamedTuple):
     last_device_node: Any
     last_host_node: Any
     host_hit_length: int = 0
+
+
+class StandaloneBase:
+    """The ``BasePrefixCache`` methods SGLang's scheduler calls on a plain cache, for use without SGLang.
+
+    Only the base class of :class:`RadixKVCache` when ``sglang`` is not
+    importable; with SGLang, its own ``BasePrefixCache`` takes this place.
+    Subclasses provide ``req_to_token_pool``, ``token_to_kv_pool_allocator``,
+    ``inc_lock_ref``, ``dec_lock_ref``, ``evict``, ``path_device_indices`` and
+    ``root_node``.
+    """
+
+    def lock(self, node: Any) -> Any:
+        """Take one tree lock on ``node``; :meth:`unlock` gives it back."""
+        return TreeLock(node, self.inc_lock_ref(node).to_dec_params())
+
+    def unlock(self, lock: Any) -> None:
+        """Release a lock from :meth:`lock` (``None`` is a no-op)."""
+        if lock is not None:
+            self.dec_lock_ref(lock.node, lock.receipt)
+
+    def prefix_device_indices(self, req: Any) -> Any:
+        """Slot indices of ``req``'s matched prefix (``req.prefix_len`` tokens on the path to ``req.last_node``)."""
+        return self.path_device_indices(req.last_node)[: req.prefix_len]
+
+    def evict_for_alloc(self, params: Any, *, allocation_reclaim_satisfied: Any = None) -> Any:
+        """Evict to make room for an allocation: a plain :meth:`evict` here."""
+        if allocation_reclaim_satisfied is not None:
+            raise NotImplementedError("joint reclaim is not supported by this cache")
+        return self.evict(params)
+
+    def free_kv_row(self, kv: Any, ranges: List[Tuple[int, int]]) -> None:
+        """Free the half-open row positions ``ranges`` of ``kv``'s row, each page once.
+
+        Ranges are ascending and disjoint; touching ones are merged first so a
+        page straddling their seam is freed once.
+        """
+        merged: List[List[int]] = []
+        for start, end in ranges:
+            if start >= end:
+                continue
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
+        for start, end in merged:
+            self.token_to_kv_pool_allocator.free(row[start:end])
+
+    def root_node_handle(self, extra_key: Optional[str] = None) -> Any:
+        return self.root_node
+
+    def resolve_node_handle(self, node_handle: Any) -> Any:
+        return node_handle
+
+    def claim_kv_row(self, req: Any) -> bool:
+        """No streaming sessions: the request's row is always released by the caller."""
+        return False
+
+    def maybe_hand_to_session(self, req: Any) -> None:
+        pass
+
+    def on_release(self, req: Any, *, checkpointed: bool) -> None:
+        pass
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_fast_match_prefix(self) -> bool:
+        return False
+
+    def swa_reprefill_tail_tokens(self, req: Any = None) -> int:
+        return 0
+
+    def full_evictable_size(self) -> int:
+        return self.evictable_size()
+
+    def full_protected_size(self) -> int:
+        return self.protected_size()
+
+
+try:  # SGLang's own types when it is installed; the mirrors above otherwise
+    from sglang.srt.mem_cache.base_prefix_cache import (  # type: ignore
+        BasePrefixCache as _SGLangBase,
+        DecLockRefParams,
+        DecLockRefResult,
+        EvictParams,
+        EvictResult,
+        IncLockRefResult,
+        InsertParams,
+        InsertResult,
+        MatchPrefixParams,
+        MatchResult,
+        TreeLock,
+    )
+    from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore
+except ImportError:
+    _SGLangBase = None
+    DecLockRefParams, DecLockRefResult = _DecLockRefParams, _DecLockRefResult
+    EvictParams, EvictResult = _EvictParams, _EvictResult
+    IncLockRefResult, InsertParams, InsertResult = _IncLockRefResult, _InsertParams, _InsertResult
+    MatchPrefixParams, MatchResult, TreeLock = _MatchPrefixParams, _MatchResult, _TreeLock
+    RadixKey = _RadixKey
+
+SGLANG_BASE = _SGLangBase
+"""SGLang's ``BasePrefixCache`` when ``sglang`` is importable (the adapter subclasses it), else ``None``."""
 
 
 def _to_numpy(indices: Any) -> np.ndarray:
@@ -99,12 +339,19 @@ def _to_numpy(indices: Any) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-class RadixKVCache:
-    """SGLang's ``RadixCache`` interface over a radixkv :class:`~radixkv.PrefixCache`.
+def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
+    """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair; ``extra_key`` alone when unsalted."""
+    if not cache_salt:
+        return extra_key
+    return json.dumps([extra_key, cache_salt])
+
+
+class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
+    """SGLang 0.5.23's ``RadixCache`` interface over a radixkv :class:`~radixkv.PrefixCache`.
 
     Args:
         req_to_token_pool: SGLang's ``ReqToTokenPool`` (``req_to_token`` 2-D
-            indices, ``write((row, slice), values)``, ``free(row)``).
+            indices, ``write((row, slice), values)``).
         token_to_kv_pool_allocator: SGLang's allocator (``free(indices)``;
             ``size`` in tokens when ``num_pages`` is not given).
         page_size: tokens per page (SGLang's ``--page-size``).
@@ -147,7 +394,21 @@ class RadixKVCache:
         table = getattr(req_to_token_pool, "req_to_token", None)
         if table is not None and type(table).__module__.startswith("torch"):
             self._device = table.device
-        self._root: Optional[NodeHandle] = None
+        self._roots: dict = {}
+
+    @classmethod
+    def from_params(cls, params: Any, **kwargs: Any) -> "RadixKVCache":
+        """Build from SGLang's ``CacheInitParams`` (what its cache factories receive).
+
+        Reads ``req_to_token_pool``, ``token_to_kv_pool_allocator``,
+        ``page_size``, ``disable`` and ``enable_kv_cache_events``; ``kwargs``
+        go to the constructor (``eviction_policy``, ``num_pages``).
+        """
+        if getattr(params, "is_eagle", False):
+            raise ValueError("RadixKVCache does not support EAGLE bigram keys (params.is_eagle=True)")
+        return cls(params.req_to_token_pool, params.token_to_kv_pool_allocator, params.page_size,
+                   enable_kv_cache_events=bool(getattr(params, "enable_kv_cache_events", False)),
+                   disable=bool(params.disable), **kwargs)
 
     # ------------------------------------------------------------ conversions
     def _out(self, indices: np.ndarray) -> Any:
@@ -175,20 +436,21 @@ class RadixKVCache:
         return blocks
 
     @staticmethod
-    def _key(key: Any, extra_key: Optional[Hashable] = None) -> Tuple[Any, Optional[Hashable]]:
-        if hasattr(key, "key") and not hasattr(key, "token_ids"):  # MatchPrefixParams / InsertParams
-            key = key.key
-        if hasattr(key, "token_ids"):
-            return key.token_ids, getattr(key, "extra_key", None)
-        return key, extra_key
+    def _key(key: Any) -> Tuple[Any, Optional[str]]:
+        """(tokens, namespace) of a ``RadixKey``."""
+        if getattr(key, "is_bigram", False):
+            raise ValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
+        raw = getattr(key, "raw_token_ids", None)
+        tokens = raw() if raw is not None else key.token_ids
+        return tokens, _namespace(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
 
     def _free(self, slots: np.ndarray) -> None:
         if len(slots):
             self.token_to_kv_pool_allocator.free(self._out(slots))
 
-    def _insert(self, tokens: Any, blocks: np.ndarray, namespace: Optional[Hashable],
-                free_declined: bool) -> Tuple[int, int]:
-        """radixkv insert; returns (pages already cached, pages now cached from this call)."""
+    def _insert(self, tokens: Any, blocks: np.ndarray, namespace: Optional[str],
+                free_declined: bool) -> int:
+        """radixkv insert; returns pages already cached. Declined pages are freed if ``free_declined``."""
         cache = self.cache
         declined = cache.declined_blocks
         present = cache.insert(tokens, blocks, namespace=namespace)
@@ -197,149 +459,157 @@ class RadixKVCache:
         declined = cache.declined_blocks - declined
         if declined and free_declined:
             self._free(self._slots(blocks[len(blocks) - declined :]))
-        return present, len(blocks) - declined
+        return present
 
-    @staticmethod
-    def _protected_len(req: Any) -> int:
-        protected = getattr(req, "cache_protected_len", None)
-        if protected is None:  # SGLang before cache_protected_len
-            prefix = getattr(req, "prefix_indices", None)
-            protected = len(prefix) if prefix is not None else 0
-        return int(protected)
-
-    # ------------------------------------------------------------ BasePrefixCache
-    @property
-    def root_node(self) -> NodeHandle:
-        """Handle of the default namespace's root (what an empty match returns)."""
-        if self._root is None or self._root._node.gen < 0:
-            self._root = self.cache.match([]).node
-        return self._root
-
-    def reset(self) -> None:
-        """Drop every cached page. Like SGLang, the allocator is reset by the caller, not here."""
-        self.cache.reset()
-        self.cache.allocate(self.cache.num_free_blocks)
-        self._root = None
-
-    def match_prefix(self, key: Any, **kwargs: Any) -> MatchResult:
-        """Longest cached page-aligned prefix of ``key`` (a :class:`RadixKey` or token list).
-
-        Marks the matched pages used; does not lock them (``inc_lock_ref`` does).
-        Cost: one radixkv match.
-        """
-        tokens, namespace = self._key(key, kwargs.get("extra_key"))
-        if self.disable:
-            tokens = []
-        m = self.cache.match(tokens, namespace=namespace)
-        indices = self._out(self._slots(m.blocks))
-        return MatchResult(indices, m.node, m.node, 0)
-
-    def insert(self, key: Any, value: Any = None, chunked: bool = False, **kwargs: Any) -> int:
-        """Cache ``key``'s full pages in the slots ``value``; return the tokens already cached.
-
-        The tree takes ownership of the new pages; the caller frees its own
-        copies of the already-cached ones (``value[protected:returned]``), as
-        with SGLang. New pages the eviction policy declines are freed here.
-        """
-        if hasattr(key, "value") and value is None and not hasattr(key, "token_ids"):
-            value = key.value  # InsertParams
-        tokens, namespace = self._key(key, kwargs.get("extra_key"))
+    def _insert_slots(self, key: Any, value: Any) -> Tuple[int, Any, Optional[str], int]:
+        """Insert ``key``'s full pages held in slots ``value``: (tokens present, tokens, namespace, full tokens)."""
+        tokens, namespace = self._key(key)
         if value is None:
             raise ValueError("insert needs value (the kv slot indices of key's tokens), got None")
         slots = _to_numpy(value)
-        if len(slots) != len(tokens):
+        if len(slots) < len(tokens):
             raise ValueError(f"value must hold one slot per token ({len(tokens)}), got {len(slots)}")
+        n = len(tokens) // self.page_size * self.page_size
         if self.disable:
-            return 0
-        n = len(slots) // self.page_size * self.page_size
-        present, _ = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_declined=True)
-        return present * self.page_size
+            return 0, tokens, namespace, n
+        present = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_declined=True)
+        return present * self.page_size, tokens, namespace, n
 
-    def cache_finished_req(self, req: Any, is_insert: bool = True, **kwargs: Any) -> None:
-        """Cache a finished request's KV, free what the tree does not keep, release its lock."""
-        pool = self.req_to_token_pool
-        all_len = len(req.origin_input_ids) + max(len(req.output_ids) - 1, 0)
-        slots = _to_numpy(pool.req_to_token[req.req_pool_idx, :all_len])
+    # ------------------------------------------------------------ BasePrefixCache (SGLang 0.5.23)
+    @property
+    def root_node(self) -> NodeHandle:
+        """Handle of the default namespace's root (what an empty match returns)."""
+        return self.root_node_handle()
+
+    def root_node_handle(self, extra_key: Optional[str] = None) -> NodeHandle:
+        """Handle of the root of ``extra_key``'s namespace."""
+        root = self._roots.get(extra_key)
+        if root is None or root._node.gen < 0:
+            root = self._roots[extra_key] = self.cache.match([], namespace=extra_key).node
+        return root
+
+    def reset(self):
+        """Drop every cached page. Like SGLang, the allocator is reset by the caller, not here."""
+        self.cache.reset()
+        self.cache.allocate(self.cache.num_free_blocks)
+        self._roots.clear()
+
+    def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        """Longest cached page-aligned prefix of ``params.key`` (SGLang's ``MatchPrefixParams``).
+
+        Marks the matched pages used; does not lock them (``lock`` /
+        ``inc_lock_ref`` does). The slots are ``path_device_indices(result.last_device_node)``.
+        Given a bare ``RadixKey`` (SGLang 0.5.5's convention), returns a
+        :class:`LegacyMatchResult` with the slots. Cost: one radixkv match.
+        """
+        legacy = not hasattr(params, "key")
+        tokens, namespace = self._key(params if legacy else params.key)
         if self.disable:
-            self._free(slots)
-            pool.free(req.req_pool_idx)
-            return
-        p = self.page_size
-        aligned = all_len // p * p
-        protected = self._protected_len(req)
-        self._free(slots[aligned:])
-        if is_insert:
-            token_ids = (list(req.origin_input_ids) + list(req.output_ids))[:aligned]
-            present, _ = self._insert(token_ids, self._blocks(slots[:aligned]),
-                                      getattr(req, "extra_key", None), free_declined=True)
-            self._free(slots[protected : present * p])
-        else:
-            self._free(slots[protected:aligned])
-        pool.free(req.req_pool_idx)
-        self.dec_lock_ref(req.last_node)
+            tokens = []
+        m = self.cache.match(tokens, namespace=namespace)
+        if legacy:
+            return LegacyMatchResult(self._out(self._slots(m.blocks)), m.node, m.node, 0)
+        return MatchResult(device_prefix_len=m.num_tokens, last_device_node=m.node,
+                           last_host_node=m.node, best_match_node=m.node)
 
-    def cache_unfinished_req(self, req: Any, chunked: bool = False, **kwargs: Any) -> None:
-        """Cache a running request's KV so far (chunked prefill) and move its lock to the new end.
+    def touch_prefix(self, key: Any) -> None:
+        """Mark the cached prefix of ``key`` used (a match without a result)."""
+        if not self.disable:
+            tokens, namespace = self._key(key)
+            self.cache.match(tokens, namespace=namespace)
 
-        The request's slot row is rewritten to point at the cached copies;
-        ``req.prefix_indices``, ``req.last_node`` and ``req.cache_protected_len``
-        are updated as SGLang's ``RadixCache`` does. Pages the policy declines
-        stay the request's own.
+    def path_device_indices(self, node: NodeHandle) -> Any:
+        """Slot indices of every page from the root through ``node``. O(depth + pages)."""
+        resolved = self.cache._resolve(node)
+        return self._out(self._slots(self.cache._tree.path_blocks(resolved)))
+
+    def insert(self, params: InsertParams, value: Any = None) -> InsertResult:
+        """Cache ``params.key``'s full pages held in the slots ``params.value``.
+
+        Returns ``InsertResult(prefix_len=tokens already cached,
+        last_device_node=handle of the key's deepest cached page)``. The tree
+        takes ownership of the new pages; the caller frees its own copies of
+        the already-cached ones (``value[protected:prefix_len]``), as with
+        SGLang. New pages the eviction policy declines are freed here.
+        ``insert(RadixKey, value)`` (SGLang 0.5.5's convention) returns the int.
+        """
+        if not hasattr(params, "key"):  # bare RadixKey
+            return self._insert_slots(params, value)[0]
+        present, tokens, namespace, n = self._insert_slots(params.key, params.value)
+        node = self.cache.match(tokens[:n], namespace=namespace).node
+        return InsertResult(prefix_len=present, last_device_node=node)
+
+    def checkpoint(self, req, *, up_to: int, **kwargs):
+        """Cache ``req``'s KV for row positions ``[0, up_to)`` and re-anchor the request on it.
+
+        Reads ``req.full_untruncated_fill_ids``, ``req.kv.req_pool_idx``,
+        ``req.kv.cache_protected_len``, ``req.extra_key``, ``req.cache_salt``;
+        frees the request's duplicate copies of pages the tree already held,
+        rewrites its row to the tree's copies, sets
+        ``req.kv.cache_protected_len`` to the cached length, and moves
+        ``req.lock`` / ``req.last_node`` to the new end. Partial pages and pages
+        the policy declines stay the request's (SGLang's ``release_kv_cache``
+        frees them). Cost: one radixkv insert and one match.
         """
         if self.disable:
             return
-        pool = self.req_to_token_pool
-        token_ids = list(req.fill_ids)
-        slots = _to_numpy(pool.req_to_token[req.req_pool_idx, : len(token_ids)])
+        kv = req.kv
         p = self.page_size
+        token_ids = req.full_untruncated_fill_ids[:up_to]
         aligned = len(token_ids) // p * p
-        namespace = getattr(req, "extra_key", None)
-        protected = self._protected_len(req)
-        present, _ = self._insert(token_ids[:aligned], self._blocks(slots[:aligned]), namespace,
-                                  free_declined=False)
+        namespace = _namespace(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
+        pool = self.req_to_token_pool
+        slots = _to_numpy(pool.req_to_token[kv.req_pool_idx, :aligned])
+        protected = kv.cache_protected_len
+        present = self._insert(token_ids[:aligned], self._blocks(slots), namespace, free_declined=False)
         self._free(slots[protected : present * p])
+        if hasattr(kv, "cache_inserted_len"):
+            kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         m = self.cache.match(token_ids[:aligned], namespace=namespace)
         new_indices = self._slots(m.blocks)
         if len(new_indices) > protected:
-            pool.write((req.req_pool_idx, slice(protected, len(new_indices))),
+            pool.write((kv.req_pool_idx, slice(protected, len(new_indices))),
                        self._out(new_indices[protected:]))
-        req.cache_protected_len = len(new_indices)
-        self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(m.node)
-        req.prefix_indices = self._out(np.concatenate([new_indices, slots[len(new_indices):]]))
+        kv.cache_protected_len = len(new_indices)
+        self.unlock(req.lock)
+        req.lock = self.lock(m.node)
         req.last_node = m.node
 
-    def evict(self, num_tokens: Any) -> int:
-        """Evict at least ``num_tokens`` tokens (whole pages) if unprotected ones exist; free their slots.
+    def evict(self, params: EvictParams) -> EvictResult:
+        """Evict at least ``params.num_tokens`` tokens (whole pages) if unprotected ones exist.
 
-        Returns the tokens evicted. Cost: radixkv's eviction plus one allocator free.
+        Frees their slots to SGLang's allocator. Returns
+        ``EvictResult(num_tokens_evicted)``. Cost: radixkv's eviction plus one
+        allocator free.
         """
-        if hasattr(num_tokens, "num_tokens"):  # EvictParams
-            num_tokens = num_tokens.num_tokens
-        num_tokens = check_positive_int(num_tokens, "num_tokens", allow_zero=True)
-        if self.disable:
-            return 0
-        pages = -(-num_tokens // self.page_size)
-        freed = self.cache.evict(pages)
+        if not hasattr(params, "num_tokens"):
+            raise TypeError(f"params must be an EvictParams (with num_tokens), got {params!r}")
+        num_tokens = check_positive_int(params.num_tokens, "params.num_tokens", allow_zero=True)
+        if self.disable or num_tokens == 0:
+            return EvictResult()
+        freed = self.cache.evict(-(-num_tokens // self.page_size))
         if freed:
             self._free(self._slots(self.cache.allocate(freed)))
-        return freed * self.page_size
+        return EvictResult(num_tokens_evicted=freed * self.page_size)
 
-    def inc_lock_ref(self, node: NodeHandle) -> int:
-        """Protect root..``node``; returns the change in evictable tokens (<= 0)."""
+    def inc_lock_ref(self, node: Any) -> IncLockRefResult:
+        """Protect root..``node``; ``delta`` is the change in evictable tokens (<= 0)."""
         if self.disable:
-            return 0
+            return IncLockRefResult(delta=0)
         before = self.cache.protected_blocks
         self.cache.lock(node)
-        return (before - self.cache.protected_blocks) * self.page_size
+        return IncLockRefResult(delta=(before - self.cache.protected_blocks) * self.page_size)
 
-    def dec_lock_ref(self, node: NodeHandle, swa_uuid_for_lock: Optional[str] = None) -> int:
-        """Undo one :meth:`inc_lock_ref`; returns the change in evictable tokens (>= 0)."""
+    def dec_lock_ref(self, node: Any, params: Optional[DecLockRefParams] = None) -> DecLockRefResult:
+        """Undo one :meth:`inc_lock_ref` (``params``, its receipt, is not needed); ``delta`` >= 0."""
         if self.disable:
-            return 0
+            return DecLockRefResult(delta=0)
         before = self.cache.protected_blocks
         self.cache.unlock(node)
-        return (before - self.cache.protected_blocks) * self.page_size
+        return DecLockRefResult(delta=(before - self.cache.protected_blocks) * self.page_size)
+
+    def supports_prefix_sharing(self) -> bool:
+        return not self.disable
 
     def evictable_size(self) -> int:
         """Cached tokens that eviction may free now. O(1)."""
@@ -354,7 +624,7 @@ class RadixKVCache:
         return self.cache.num_cached_blocks * self.page_size
 
     def take_events(self) -> List[KVCacheEvent]:
-        """KV events since the last call (empty unless ``enable_kv_cache_events``)."""
+        """radixkv KV events since the last call (empty unless ``enable_kv_cache_events``)."""
         return self.cache.take_events()
 
     def pretty_print(self) -> None:
@@ -371,17 +641,25 @@ class RadixKVCache:
                 f"evictable={self.evictable_size()}, protected={self.protected_size()})")
 
 
-def register_with_sglang() -> bool:
-    """Register :class:`RadixKVCache` as a virtual subclass of SGLang's ``BasePrefixCache``.
+def register_with_sglang(name: str = "radixkv") -> bool:
+    """Make ``--radix-cache-backend <name>`` build a :class:`RadixKVCache` in SGLang.
 
-    Returns ``False`` (and does nothing) when SGLang is not importable.
+    Registers a factory with SGLang's radix-cache backend registry (once; a
+    second call is a no-op). Returns ``False`` (and does nothing) when SGLang is
+    not importable.
     """
-    try:
-        from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache  # type: ignore
-    except ImportError:
+    if SGLANG_BASE is None:
         return False
-    BasePrefixCache.register(RadixKVCache)
+    from sglang.srt.mem_cache import registry  # type: ignore
+
+    if registry.get_radix_cache_factory(name) is None:
+        registry.register_radix_cache_backend(name, lambda ctx: RadixKVCache.from_params(ctx.params))
     return True
 
 
-__all__ = ["MatchResult", "RadixKVCache", "RadixKey", "register_with_sglang"]
+__all__ = [
+    "DecLockRefParams", "DecLockRefResult", "EvictParams", "EvictResult", "IncLockRefResult",
+    "InsertParams", "InsertResult", "LegacyMatchResult", "MatchPrefixParams", "MatchResult",
+    "RadixKVCache", "RadixKey", "SGLANG_BASE", "SGLANG_TARGET_VERSION", "StandaloneBase", "TreeLock",
+    "register_with_sglang",
+]
