@@ -1,6 +1,6 @@
 """Shrink a pytest-benchmark JSON of bench/test_micro.py to what is worth committing.
 
-    .venv/bin/python bench/micro_summary.py /tmp/micro-raw.json bench/results/micro
+    .venv/bin/python bench/micro_summary.py out/micro-raw.json bench/results/micro
 
 Writes ``<out>.json`` (per benchmark: min / median / max / rounds in seconds,
 extra_info; the machine), ``<out>.md`` (the same as tables, with the growth
