@@ -65,3 +65,16 @@ def test_cluster_command_json():
     row = json.loads(out.strip().splitlines()[-1])
     assert row["requests"] == 100 and sum(row["requests_by_instance"]) == 100
     assert row["hit_tokens"] == sum(row["hit_tokens_by_tier"].values()) and row["bytes_lent"] >= 0
+
+
+@pytest.mark.parametrize("command, extra", [
+    ("replay", ["--num-blocks", "24", "--host-blocks", "24", "--quiet"]),
+    ("cluster", ["--instances", "2", "--num-blocks", "8", "--host-blocks", "16"]),  # 24 pages per instance
+])
+@pytest.mark.parametrize("policy", ["gdsf", "s3fifo"])
+def test_policy_ranks_the_host_tier_from_the_command_line(cyclic_trace, command, extra, policy):
+    code, out = run(command, cyclic_trace, "--policy", policy, "--json", *extra)
+    assert code == 0, out
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["hit_tokens"] == sum(row["hit_tokens_by_tier"].values())
+    assert row["hit_tokens_by_tier"]["host"] > 0

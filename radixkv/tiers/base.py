@@ -101,6 +101,23 @@ def check_capacity(value: object, name: str) -> int:
     return int(value)
 
 
+class PolicyScope:
+    """What a lower tier's eviction policy may ask of "its cache" in ``attach``.
+
+    Attributes:
+        page_size: tokens per page.
+        num_blocks: the tier's capacity in pages when it joined the cache.
+        cost_model: the cache's :class:`~radixkv.costs.CostModel` (gdsf ranks by it).
+    """
+
+    __slots__ = ("page_size", "num_blocks", "cost_model")
+
+    def __init__(self, page_size: int, num_blocks: int, cost_model: Any) -> None:
+        self.page_size = page_size
+        self.num_blocks = num_blocks
+        self.cost_model = cost_model
+
+
 class Tier:
     """Base class of a lower tier: subclasses manage slots and payload bytes.
 
@@ -127,6 +144,17 @@ class Tier:
         """Learn the page payload shape (``None`` for no payload). Called once by the cache."""
         self.page_shape = None if kv_shape is None else (page_size, *tuple(kv_shape))
         self.dtype = np.dtype(dtype)
+
+    def attach_policy(self, page_size: int, cost_model: Any) -> None:
+        """Attach this tier's policy as :class:`~radixkv.cache.PrefixCache` attaches its own.
+
+        The policy sees a :class:`PolicyScope` (this tier's capacity, the
+        cache's page size and cost model) instead of a cache, so policies
+        sized by capacity (s3fifo, adaptive) or ranked by restore cost (gdsf)
+        work in a lower tier too. Called once by the cache; may raise the
+        policy's own ``ValueError`` (a cost model of another page size).
+        """
+        self.policy.attach(PolicyScope(page_size, self.capacity, cost_model))
 
     @property
     def capacity(self) -> int:

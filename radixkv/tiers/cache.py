@@ -169,6 +169,8 @@ class TieredCache(PrefixCache):
                 raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
                                       f"known: {', '.join(cost_model.tier_paths)}")
         for tier in tiers:
+            tier.attach_policy(self.page_size, cost_model)
+        for tier in tiers:
             tier._owner = self
             tier.attach(self.page_size, kv_shape, dtype)
         data = self._pool.data
