@@ -1,13 +1,14 @@
 """Engine-shaped faces of :class:`~radixkv.PrefixCache`.
 
 * :mod:`radixkv.adapters.sglang`: :class:`~radixkv.adapters.sglang.RadixKVCache`,
-  a drop-in for SGLang's ``RadixCache`` (the ``BasePrefixCache`` method set),
-  mapping SGLang's token-slot indices onto radixkv pages.
+  a drop-in for SGLang 0.5.23's ``RadixCache`` (its ``BasePrefixCache``
+  interface), mapping SGLang's token-slot indices onto radixkv pages.
 * :mod:`radixkv.adapters.vllm`: :class:`~radixkv.adapters.vllm.VLLMBlockView`,
   lookup of cached pages by vLLM-compatible chained block hashes.
 
-Neither imports its engine: both work on duck-typed objects, so they are
-usable (and tested) without SGLang or vLLM installed.
+Both work on duck-typed objects, so they are usable (and tested) without
+SGLang or vLLM installed; where ``sglang`` is importable, the SGLang adapter
+subclasses its ``BasePrefixCache`` and uses its types.
 """
 
 from .sglang import RadixKey, RadixKVCache
