@@ -1,9 +1,12 @@
 """The evictable-leaf queue: a sorted run plus a binary heap, with lazy invalidation.
 
-Each evictable leaf has at most one live entry. Re-ranking a leaf pushes a
-new entry and orphans the old one (the node's ``heap_id`` no longer matches
-the entry's id), so no operation searches; orphans are skipped when they surface
-and both parts are rebuilt once orphans outnumber live entries.
+Each evictable leaf has at most one live entry, which its ``heap_id`` slot
+points to. Re-ranking a leaf pushes a new entry and orphans the old one (the
+node no longer points to it), so no operation searches; orphans are skipped
+when they surface and both parts are rebuilt once orphans outnumber live
+entries. Re-ranking a leaf at the key it already has changes nothing: its
+entry stands, with its place among equal keys (a split leaves the lower part's
+rank as it was, and re-queueing it would cost a heap push at a stale key).
 
 Most pushes carry the largest key so far: recency and FIFO-like policies rank
 a leaf by the clock at its last use, and the clock only grows. Such a push is
@@ -53,21 +56,25 @@ class VictimQueue:
 
         O(1) when ``key`` is above every key in the run or below its live head, else O(log n).
         """
-        if node.heap_id == 0:
+        current = node.heap_id
+        if current:
+            if current[:-2] == key:  # already queued at this rank
+                return
+        else:
             self._live += 1
         entry_id = self._next_id
         self._next_id = entry_id + 1
-        node.heap_id = entry_id
         entry = key + (entry_id, node)
+        node.heap_id = entry
         run, heap = self._run, self._heap
         if not run or run[-1] < entry:
             run.append(entry)
         else:
-            while run and run[0][-1].heap_id != run[0][-2]:  # orphans at the head: peek drops them anyway
+            while run and run[0][-1].heap_id is not run[0]:  # orphans at the head: peek drops them anyway
                 run.popleft()
             if not run or entry < run[0]:
                 run.appendleft(entry)
-            elif heap and heap[0][-1].heap_id != heap[0][-2]:  # an orphan on top: one sift, not two
+            elif heap and heap[0][-1].heap_id is not heap[0]:  # an orphan on top: one sift, not two
                 heapq.heapreplace(heap, entry)
             else:
                 heapq.heappush(heap, entry)
@@ -86,9 +93,9 @@ class VictimQueue:
         Orphans that surfaced at the run's head or the heap's top are dropped first.
         """
         run, heap = self._run, self._heap
-        while run and run[0][-1].heap_id != run[0][-2]:
+        while run and run[0][-1].heap_id is not run[0]:
             run.popleft()
-        while heap and heap[0][-1].heap_id != heap[0][-2]:
+        while heap and heap[0][-1].heap_id is not heap[0]:
             heapq.heappop(heap)
         if heap and (not run or heap[0] < run[0]):
             return heap[0][-1]
@@ -106,10 +113,10 @@ class VictimQueue:
         """Live ``(key, node)`` pairs in no particular order (for checks)."""
         for part in (self._run, self._heap):
             for entry in part:
-                if entry[-1].heap_id == entry[-2]:
+                if entry[-1].heap_id is entry:
                     yield entry[:-2], entry[-1]
 
     def _compact(self) -> None:
-        self._run = deque(e for e in self._run if e[-1].heap_id == e[-2])
-        self._heap = [e for e in self._heap if e[-1].heap_id == e[-2]]
+        self._run = deque(e for e in self._run if e[-1].heap_id is e)
+        self._heap = [e for e in self._heap if e[-1].heap_id is e]
         heapq.heapify(self._heap)

@@ -24,6 +24,8 @@ class Model:
         self.pushes = 0
 
     def push(self, i, key):
+        if i in self.live and self.live[i][0] == key:  # already queued at this rank: keeps its place
+            return
         self.pushes += 1
         self.live[i] = (key, self.pushes)
 
