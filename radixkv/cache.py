@@ -23,7 +23,7 @@ from . import policies as _policies
 from .errors import InvalidBlocksError, LockError, RadixKVError, StaleHandleError
 from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
-from .keys import TokensLike, as_tokens, check_positive_int
+from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree
 from .victims import VictimQueue
@@ -32,17 +32,22 @@ _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
 _DEPTH_BASE = 256  # see PrefixCache._rank_key
 
 
-def _check_retention(priority: object, expires_at: object) -> None:
-    """Validate ``admit``'s retention arguments (TypeError/ValueError naming the value)."""
-    if priority.__class__ is not int:
+def _check_retention(priority: object, expires_at: object):
+    """Validate ``admit``'s retention arguments (TypeError/ValueError naming the value).
+
+    Python and numpy integers pass (returned as Python ints); bools and floats do not.
+    """
+    if not is_int(priority):
         raise TypeError(f"priority must be an int, got {priority!r}")
     if priority < 0:
         raise ValueError(f"priority must be >= 0 (higher is evicted later), got {priority!r}")
     if expires_at is not None:
-        if expires_at.__class__ is not int:
+        if not is_int(expires_at):
             raise TypeError(f"expires_at must be an int clock value or None, got {expires_at!r}")
         if expires_at < 0:
             raise ValueError(f"expires_at must be >= 0, got {expires_at!r}")
+        expires_at = int(expires_at)
+    return int(priority), expires_at
 
 
 class NodeHandle:
@@ -86,6 +91,12 @@ class MatchResult:
 class Admission:
     """A request admitted by :meth:`PrefixCache.admit`; its pages stay protected until :meth:`release`.
 
+    The admission's lock belongs to the admission: only :meth:`release` (or
+    leaving a ``with`` block) gives it up. :meth:`PrefixCache.unlock` of
+    ``node`` undoes only explicit :meth:`PrefixCache.lock` calls and raises
+    :class:`~radixkv.errors.LockError` when the admission's lock is all the
+    node holds, so no order of ``release`` and ``unlock`` can unlock twice.
+
     Attributes:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
         blocks: block ids of every page of the request now cached, matched ones first.
@@ -110,10 +121,10 @@ class Admission:
         return self._released
 
     def release(self) -> None:
-        """Unprotect this request's pages. Idempotent."""
+        """Unprotect this request's pages. Idempotent: a second call does nothing. O(depth)."""
         if not self._released:
             self._released = True
-            self._cache._unlock_node(self.node._node)
+            self._cache._release_admission(self.node._node)
 
     def __enter__(self) -> "Admission":
         return self
@@ -183,6 +194,7 @@ class PrefixCache:
         self.declined_blocks = 0
         """New pages the policy declined to cache (admission control; monotonic)."""
         self._pins: dict = {}  # pinned node -> pin count; each pin holds one lock on the path
+        self._admitted: dict = {}  # node -> unreleased admissions holding it; each holds one lock
         self._expiry: dict = {}  # node -> clock value after which its retention falls to 0
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
         self._expiry_seq = itertools.count()
@@ -245,8 +257,8 @@ class PrefixCache:
         C speed for the comparisons.
         """
         data, num_pages = self._pages(tokens)
-        self._clock += 1
         root = self._existing_root(namespace)
+        self._clock += 1
         if root is None:
             root = self._tree.root(namespace)
         node, pos = self._descend(root, data, num_pages)
@@ -259,14 +271,13 @@ class PrefixCache:
         self._lock_node(self._resolve(handle))
 
     def unlock(self, handle: NodeHandle) -> None:
-        """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` if it holds none. O(depth)."""
-        node = self._resolve(handle)
-        own = node.lock_ref - (sum(c.lock_ref for c in node.children.values()) if node.children else 0)
-        if self._pins:
-            own -= self._pins.get(node, 0)  # a pin's lock is released by unpin only
-        if own <= 0:
-            raise LockError(f"unlock of {handle!r}, which holds no lock")
-        self._unlock_node(node)
+        """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` (cache unchanged) if it holds none.
+
+        Only locks taken with :meth:`lock` count: a pin's lock is released by
+        :meth:`unpin` and an admission's by :meth:`Admission.release`, never
+        here, so an unlock cannot leave them to unlock a second time. O(depth).
+        """
+        self._unlock_node(self._unlockable(handle))
 
     def pin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
         """Keep the longest cached page prefix of ``tokens`` resident until :meth:`unpin`.
@@ -352,6 +363,26 @@ class PrefixCache:
         their passed blocks, which must be held by the caller. Pages the policy
         declines (admission control) give their blocks back too.
         """
+        data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, namespace)
+        self._clock += 1
+        now = self._clock
+        if root is None:
+            root = node = self._tree.root(namespace)
+        if child is not None:
+            node = self._split(child, common)
+        self._touch_path(node, now)
+        self._pool.give_back(duplicate)
+        keep = self._admit_pages(node, data, present, len(new), now)
+        self._pool.give_back(new[keep:])
+        self._add_pages(node, data, present, new[:keep].copy(), now)
+        return present
+
+    def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
+        """Validate an :meth:`insert` completely, changing nothing; return what it needs to apply it.
+
+        Read-only (one walk), so layers above (the SGLang adapter) can check an
+        insert before they change their own state. Raises as :meth:`insert`.
+        """
         data, num_pages = self._pages(tokens)
         arr = self._pool.validate_ids(blocks)
         if len(arr) != num_pages:
@@ -368,19 +399,7 @@ class PrefixCache:
         self._require_state(duplicate, HELD, "insert")
         new = arr[present:]
         self._require_state(new, HELD, "insert")
-
-        self._clock += 1
-        now = self._clock
-        if root is None:
-            root = node = self._tree.root(namespace)
-        if child is not None:
-            node = self._split(child, common)
-        self._touch_path(node, now)
-        self._pool.give_back(duplicate)
-        keep = self._admit_pages(node, data, present, len(new), now)
-        self._pool.give_back(new[keep:])
-        self._add_pages(node, data, present, new[:keep].copy(), now)
-        return present
+        return data, root, node, child, common, present, duplicate, new
 
     # ------------------------------------------------------------------ requests
     def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, priority: int = 0,
@@ -401,10 +420,10 @@ class PrefixCache:
         """
         data, num_pages = self._pages(tokens)
         if priority.__class__ is not int or priority or expires_at is not None:
-            _check_retention(priority, expires_at)
+            priority, expires_at = _check_retention(priority, expires_at)
+        root = self._existing_root(namespace)
         self._clock += 1
         now = self._clock
-        root = self._existing_root(namespace)
         if root is None:
             root = self._tree.root(namespace)
         node, pos = self._descend(root, data, num_pages)
@@ -433,6 +452,8 @@ class PrefixCache:
                 holder = leaf
         if priority:
             self._retain(holder, priority, expires_at)
+        admitted = self._admitted
+        admitted[holder] = admitted.get(holder, 0) + 1
         blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
         return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen))
 
@@ -445,11 +466,19 @@ class PrefixCache:
     def write(self, blocks: Union[Sequence[int], np.ndarray], data: np.ndarray) -> None:
         """Store ``data`` (shape ``(len(blocks), page_size, *kv_shape)``) as the payload of ``blocks``."""
         arr = self._payload_blocks(blocks, "write")
-        expected = (len(arr),) + self._pool.data.shape[1:]
-        values = np.asarray(data)
+        payload = self._pool.data
+        expected = (len(arr),) + payload.shape[1:]
+        try:
+            values = np.asarray(data)
+        except ValueError as exc:  # a ragged nesting of lists
+            raise ValueError(f"data must be an array of shape {expected}: {exc}") from None
+        # same_kind allows int -> float and float64 -> float16, not complex -> real or float -> int.
+        if not np.can_cast(values.dtype, payload.dtype, casting="same_kind"):
+            raise TypeError(f"data must be castable to the payload dtype {payload.dtype} "
+                            f"(same_kind), got dtype {values.dtype}")
         if values.shape != expected:
             raise ValueError(f"data must have shape {expected}, got {values.shape}")
-        self._pool.data[arr] = values
+        payload[arr] = values
 
     # ------------------------------------------------------------------ checks
     def check(self) -> None:
@@ -495,6 +524,10 @@ class PrefixCache:
             assert node.lock_ref >= count, f"pinned node {node} has lock_ref {node.lock_ref} < {count} pins"
         for node in self._expiry:
             assert node.alive and node.retention > 0, f"{node} has an expiry but retention {node.retention}"
+        for node, count in self._admitted.items():
+            assert node.alive and count > 0, f"admitted node {node} is gone or holds {count} admissions"
+            assert node.lock_ref >= count + self._pins.get(node, 0), (
+                f"admitted node {node} has lock_ref {node.lock_ref} < {count} admissions + pins")
         if self._events is not None:
             self._events.check()
 
@@ -531,8 +564,7 @@ class PrefixCache:
     # ------------------------------------------------------------------ internals
     def _existing_root(self, namespace: Optional[str]) -> Optional[Node]:
         """The root of ``namespace`` if it exists; raises on a namespace that is not a str (or None)."""
-        if namespace is not None and type(namespace) is not str:
-            raise TypeError(f"namespace must be a str or None, got {namespace!r}")
+        check_namespace(namespace)
         return self._tree._roots.get(namespace)
 
     def _pages(self, tokens: TokensLike):
@@ -730,6 +762,32 @@ class PrefixCache:
                 if node.children is None:
                     self._rank(node)
             node = node.parent
+
+    def _unlockable(self, handle: NodeHandle) -> Node:
+        """The node of ``handle`` if :meth:`unlock` may undo one of its locks, else raise (nothing changed).
+
+        A node's own locks are its ``lock_ref`` less its children's (they lock the
+        path through it), its pins and its unreleased admissions. O(children).
+        """
+        node = self._resolve(handle)
+        own = node.lock_ref - (sum(c.lock_ref for c in node.children.values()) if node.children else 0)
+        if self._pins:
+            own -= self._pins.get(node, 0)
+        own -= self._admitted.get(node, 0)
+        if own <= 0:
+            raise LockError(f"unlock of {handle!r}, which holds no lock taken by lock() "
+                            "(an admission's lock is given up by Admission.release, a pin's by unpin)")
+        return node
+
+    def _release_admission(self, node: Node) -> None:
+        """Give up one admission's lock on ``node`` (called once per admission by :meth:`Admission.release`)."""
+        admitted = self._admitted
+        count = admitted[node] - 1
+        if count:
+            admitted[node] = count
+        else:
+            del admitted[node]
+        self._unlock_node(node)
 
     def _resolve(self, handle: NodeHandle) -> Node:
         if not isinstance(handle, NodeHandle):

@@ -31,7 +31,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .cache import Admission
-from .keys import check_positive_int
+from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
 from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.cache import TieredCache
@@ -382,7 +382,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ routing
     def route(self, tokens, namespace: Optional[str] = None) -> int:
-        """The instance that should serve ``tokens`` under this cluster's routing policy."""
+        """The instance that should serve ``tokens`` under this cluster's routing policy.
+
+        Validates ``tokens`` and ``namespace`` before anything moves (the round-robin
+        cursor included): bad input raises and leaves the cluster as it was.
+        """
+        tokens = as_tokens(tokens)
+        check_namespace(namespace)
         n = len(self.instances)
         if self.routing == "round_robin":
             i = self._next
@@ -406,6 +412,7 @@ class Cluster:
 
     def admit(self, tokens, *, namespace: Optional[str] = None) -> Tuple[int, Admission]:
         """Route and admit one request; returns ``(instance index, admission)``. Release it when done."""
+        tokens = as_tokens(tokens)  # before routing or recalls change anything
         i = self.route(tokens, namespace)
         inst = self.instances[i]
         cache = inst.cache

@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .errors import InvalidBlocksError
+from .keys import int_array
 
 FREE, HELD, CACHED = 0, 1, 2
 STATE_NAMES = {FREE: "free", HELD: "held", CACHED: "cached"}
@@ -87,14 +88,18 @@ class BlockPool:
         return int(np.count_nonzero(self._state == state))
 
     def validate_ids(self, blocks: object, name: str = "blocks") -> np.ndarray:
-        """Return ``blocks`` as a 1-D int32 array of in-range, distinct ids, or raise."""
-        arr = np.asarray(blocks) if not isinstance(blocks, np.ndarray) else blocks
+        """Return ``blocks`` as a 1-D int32 array of in-range, distinct ids, or raise.
+
+        :class:`TypeError` when ``blocks`` is not a sequence or integer array
+        (``None``, a scalar, ``str``, ``dict``, ``set``) or holds non-integers;
+        :class:`~radixkv.errors.InvalidBlocksError` for a wrong shape, an id out
+        of range or a duplicate. O(len(blocks) log len(blocks)).
+        """
+        arr = int_array(blocks, name, InvalidBlocksError)
         if arr.ndim != 1:
             raise InvalidBlocksError(f"{name} must be 1-D, got shape {arr.shape}")
         if arr.size == 0:
             return np.empty(0, dtype=BLOCK_DTYPE)
-        if arr.dtype.kind not in "iu" or arr.dtype == np.bool_:
-            raise TypeError(f"{name} must hold integer block ids, got dtype {arr.dtype}")
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi >= self.num_blocks:
             bad = lo if lo < 0 else hi

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from radixkv.cluster import Cluster
 from radixkv.tiers import TierConfigError
 
+from .strategies import bad_namespaces_typed, bad_tokens_typed
 from .test_tiers_payload import KV, PS, page_value
 
 requests = st.lists(st.lists(st.integers(0, 2), max_size=10), min_size=1, max_size=30)
@@ -181,3 +182,29 @@ def test_bad_cluster_arguments(kwargs, error):
     with pytest.raises(error) as info:
         Cluster(**args)
     assert repr(next(iter(kwargs.values()))) in str(info.value)
+
+
+def _cluster_state(cluster: Cluster):
+    from .strategies import snapshot
+    return (cluster._next, [snapshot(inst.cache) for inst in cluster.instances],
+            [(inst.requests, inst.prefill_tokens) for inst in cluster.instances])
+
+
+@pytest.mark.parametrize("routing", ["round_robin", "least_loaded", "cache_aware"])
+@settings(max_examples=30)
+@given(bad=st.one_of(bad_tokens_typed.map(lambda p: ("tokens", p)),
+                     bad_namespaces_typed.map(lambda p: ("namespace", p))),
+       entry=st.sampled_from(["route", "admit"]))
+def test_bad_input_moves_no_cursor_and_changes_no_instance(routing, bad, entry):
+    cluster = Cluster(3, num_blocks=8, page_size=2, routing=routing, borrowing=True, host_blocks=4)
+    for tokens in ([1, 1, 2, 2], [3, 3], [1, 1, 2, 2, 5, 5]):
+        cluster.admit(tokens)[1].release()
+    what, (value, error) = bad
+    args = (value, None) if what == "tokens" else ([1, 1, 2, 2], value)
+    before = _cluster_state(cluster)
+    call = cluster.route if entry == "route" else (lambda t, ns: cluster.admit(t, namespace=ns))
+    with pytest.raises(error, match=what) as info:
+        call(*args)
+    assert not (error is TypeError and isinstance(info.value, ValueError))
+    cluster.check()
+    assert _cluster_state(cluster) == before

@@ -33,7 +33,7 @@ from .. import policies as _policies
 from ..cache import Admission, PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..events import TIER_MEDIUM
-from ..keys import TokensLike
+from ..keys import TokensLike, is_int
 from ..tree import Node
 from .base import Tier, TierConfigError
 from .stack import TierStack
@@ -142,7 +142,7 @@ class TieredCache(PrefixCache):
             raise TierConfigError(f"write_policy must be one of {', '.join(WRITE_POLICIES)}, got {write_policy!r}")
         if load_back not in LOAD_BACK:
             raise TierConfigError(f"load_back must be one of {', '.join(LOAD_BACK)}, got {load_back!r}")
-        if isinstance(write_through_threshold, bool) or not isinstance(write_through_threshold, int):
+        if not is_int(write_through_threshold):
             raise TypeError(f"write_through_threshold must be an int, got {write_through_threshold!r}")
         if write_through_threshold < 1:
             raise TierConfigError(f"write_through_threshold must be >= 1, got {write_through_threshold!r}")
@@ -177,7 +177,7 @@ class TieredCache(PrefixCache):
         page_bytes = data[0].nbytes if data is not None else cost_model.page_bytes
         self.cost_model = cost_model
         self.write_policy = write_policy
-        self.write_through_threshold = write_through_threshold
+        self.write_through_threshold = int(write_through_threshold)
         self.load_back = load_back
         self._exclusive = write_policy == "write_back"
         self._selective = write_policy == "write_through_selective"
