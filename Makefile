@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-sglang bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ demo: $(STAMP)
 ## make test: the whole test suite
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+## make test-sglang: the SGLang adapter driven by a real SGLang (builds bench/peers/.venv: CPU torch, ~1 GB)
+test-sglang: $(STAMP)
+	bash bench/peers/setup.sh
+	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
+	bench/peers/.venv/bin/python -m pytest -q tests/test_adapters_sglang.py tests/test_sglang_live.py
 
 ## make bench: micro-benchmarks (pytest-benchmark)
 bench: $(STAMP)

@@ -1,0 +1,226 @@
+"""The SGLang adapter driven by a real SGLang install (the version bench/peers/setup.sh pins).
+
+Collected only where ``sglang`` is importable (tests/conftest.py): the main suite
+does not install SGLang and its torch dependency. Run with ``make test-sglang``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from array import array
+from types import SimpleNamespace
+from typing import List
+
+import pytest
+import torch
+
+from radixkv.adapters.sglang import (
+    SGLANG_BASE, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
+
+from .test_adapters_sglang import FakeEngine  # also installs the torchvision stand-in SGLang imports
+
+def _sglang():
+    """SGLang's modules (this file is collected only where sglang is importable: a failure here is real)."""
+    import dataclasses
+
+    from sglang.srt.mem_cache import base_prefix_cache, common, radix_cache
+    from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.managers.schedule_batch import ReqKvInfo
+
+    return SimpleNamespace(base=base_prefix_cache, common=common, radix=radix_cache, dc=dataclasses,
+                           Allocator=PagedTokenToKVPoolAllocator, CacheInitParams=CacheInitParams,
+                           ReqToTokenPool=ReqToTokenPool, ReqKvInfo=ReqKvInfo)
+
+
+def _no_server(sgl, monkeypatch):
+    """release_kv_cache reads two server flags (speculative decoding, strip-thinking); a plain server has neither."""
+    monkeypatch.setattr(sgl.common, "get_spec", lambda: SimpleNamespace(speculative_algorithm=None))
+    monkeypatch.setattr(sgl.common, "get_serving", lambda: SimpleNamespace(strip_thinking_cache=False))
+
+
+def _params(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_signatures_equal_sglang_base_prefix_cache():
+    """OPTIONAL (needs sglang): every abstract method of the installed BasePrefixCache, parameter for parameter."""
+    sgl = _sglang()
+    base = sgl.base.BasePrefixCache
+    assert SGLANG_BASE is base and issubclass(RadixKVCache, base) and not inspect.isabstract(RadixKVCache)
+    assert base.__abstractmethods__ >= {"reset", "match_prefix", "checkpoint", "evict", "inc_lock_ref", "dec_lock_ref"}
+    for name in sorted(base.__abstractmethods__):
+        assert _params(getattr(RadixKVCache, name)) == _params(getattr(base, name)), name
+    # RadixCache's own public methods: SGLang's parameters first, anything extra has a default
+    for name in ("insert", "path_device_indices", "touch_prefix", "supports_prefix_sharing",
+                 "evictable_size", "protected_size", "total_size", "take_events", "pretty_print"):
+        ours, theirs = _params(getattr(RadixKVCache, name)), _params(getattr(sgl.radix.RadixCache, name))
+        assert ours[: len(theirs)] == theirs, name
+        assert all(default is not inspect.Parameter.empty for _, _, default in ours[len(theirs):]), name
+
+
+def test_results_are_sglangs_own_types():
+    """OPTIONAL (needs sglang): what the adapter returns is SGLang's type and rebuilds as one field for field."""
+    sgl = _sglang()
+    b = sgl.base
+    assert (MatchResult, EvictResult, IncLockRefResult, RadixKey) == (
+        b.MatchResult, b.EvictResult, b.IncLockRefResult, sgl.radix.RadixKey)
+    engine = FakeEngine(page_size=2, num_pages=8)
+    engine.finish(engine.start([1, 2, 3, 4, 5]))
+    tree = engine.tree
+    m = tree.match_prefix(b.MatchPrefixParams(key=sgl.radix.RadixKey(array("q", [1, 2, 3, 4, 9]))))
+    assert b.MatchResult(*m) == m and b.MatchResult(**m._asdict()).device_prefix_len == 4
+    inc = tree.inc_lock_ref(m.last_device_node)
+    assert b.IncLockRefResult(**sgl.dc.asdict(inc)) == inc and inc.delta == -4
+    dec = tree.dec_lock_ref(m.last_device_node, inc.to_dec_params())
+    assert isinstance(dec, b.DecLockRefResult) and b.DecLockRefResult(**sgl.dc.asdict(dec)).delta == 4
+    ev = tree.evict(b.EvictParams(num_tokens=1))
+    assert isinstance(ev, b.EvictResult) and b.EvictResult(**sgl.dc.asdict(ev)).num_tokens_evicted == 2
+    lock = tree.lock(tree.root_node)  # SGLang's BasePrefixCache.lock, via our inc_lock_ref
+    assert isinstance(lock, b.TreeLock)
+    tree.unlock(lock)
+    engine.check()
+
+
+class SGLangReq:
+    """A fake ``Req`` holding SGLang's real ``ReqKvInfo``: the attributes its scheduler helpers read."""
+
+    def __init__(self, sgl, rid: str, prompt: List[int]) -> None:
+        self.rid = rid
+        self.origin_input_ids = array("q", prompt)
+        self.output_ids = array("q")
+        self.full_untruncated_fill_ids = array("q", prompt)
+        self.extra_key = None
+        self.cache_salt = None
+        self.priority = None
+        self.kv = sgl.ReqKvInfo()
+        self.lock = None
+        self.prefix_len = 0
+        self.extend_end = 0
+        self.finished_reason = None
+        self.skip_radix_cache_insert = False
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def owned_kv_len(self) -> int:
+        return self.kv.kv_committed_len
+
+    def refresh_fill_ids(self) -> None:
+        self.full_untruncated_fill_ids = self.origin_input_ids + self.output_ids
+
+    def _compute_max_prefix_len(self, input_len: int) -> int:
+        return input_len - 1
+
+
+def _serve(sgl, tree, allocator, pool, prompts, page_size, chunk, kv=None):
+    """Serve ``prompts`` one at a time through SGLang's own scheduler helpers; return each request's hit length.
+
+    match_kv_cache -> tree.lock (as PrefillAdder commits) -> evict_to_free_tokens + alloc -> row write
+    -> checkpoint_kv_cache per chunk -> one output token -> release_kv_cache(checkpoint=True).
+    ``kv`` (slot -> prefix it holds), when given, checks every served slot.
+    """
+    hits = []
+    for n, prompt in enumerate(prompts):
+        req = SGLangReq(sgl, f"r{n}", prompt)
+        sgl.common.match_kv_cache(req, tree)
+        req.kv.cache_protected_len = req.prefix_len
+        req.lock = tree.lock(req.last_node)
+        hits.append(req.prefix_len)
+        pool.alloc([req])
+        if req.prefix_len:
+            prefix = tree.prefix_device_indices(req)
+            pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
+            if kv is not None:
+                for i, slot in enumerate(prefix.tolist()):
+                    assert kv.get(slot) == tuple(prompt[: i + 1]), f"slot {slot} serves the wrong KV"
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = req.prefix_len
+        while req.prefix_len < len(prompt):
+            req.extend_end = min(len(prompt), req.prefix_len + chunk)
+            need = -(-(req.extend_end - req.prefix_len) // page_size) * page_size
+            allocator.evict_to_free_tokens(tree, need)
+            slots = allocator.alloc(need)
+            assert slots is not None, "out of KV pages"
+            slots = slots[: req.extend_end - req.prefix_len]
+            pool.write((req.kv.req_pool_idx, slice(req.prefix_len, req.extend_end)), slots.to(torch.int32))
+            if kv is not None:
+                for i, slot in enumerate(slots.tolist(), start=req.prefix_len):
+                    kv[slot] = tuple(prompt[: i + 1])
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
+            if req.extend_end < len(prompt):
+                sgl.common.checkpoint_kv_cache(req, tree)
+            else:
+                req.prefix_len = req.extend_end
+        req.output_ids.append(7)
+        req.finished_reason = "length"
+        sgl.common.release_kv_cache(req, tree, checkpoint=True)
+        assert req.kv.req_pool_idx is None and req.lock is None
+        assert tree.protected_size() == 0
+    return hits
+
+
+def _sglang_setup(sgl, page_size, num_pages, make_tree):
+    allocator = sgl.Allocator(size=num_pages * page_size, page_size=page_size, dtype=torch.float16,
+                              device="cpu", kvcache=None, need_sort=False)
+    pool = sgl.ReqToTokenPool(size=4, max_context_len=256, device="cpu", enable_memory_saver=False)
+    return make_tree(pool, allocator), allocator, pool
+
+
+def _workload(seed, n=30):
+    rng = random.Random(seed)
+    stems = [[rng.randrange(50) for _ in range(rng.randrange(0, 24))] for _ in range(4)]
+    return [rng.choice(stems) + [rng.randrange(50) for _ in range(rng.randrange(1, 20))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_sglang_scheduler_helpers_drive_the_adapter_like_radix_cache(page_size, monkeypatch):
+    """OPTIONAL (needs sglang): SGLang's match/checkpoint/release helpers drive RadixKVCache and RadixCache.
+
+    With room for everything, both caches must report the same hit for every
+    request and end with the same cached size; every KV page is accounted for.
+    """
+    sgl = _sglang()
+    _no_server(sgl, monkeypatch)
+    prompts = _workload(seed=page_size)
+    num_pages = 512 // page_size
+
+    def sglang_tree(pool, allocator):
+        return sgl.radix.RadixCache(sgl.CacheInitParams(
+            disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size))
+
+    ours, our_alloc, our_pool = _sglang_setup(sgl, page_size, num_pages, lambda p, a: RadixKVCache(p, a, page_size))
+    our_hits = _serve(sgl, ours, our_alloc, our_pool, prompts, page_size, chunk=3 * page_size, kv={})
+    theirs, their_alloc, their_pool = _sglang_setup(sgl, page_size, num_pages, sglang_tree)
+    their_hits = _serve(sgl, theirs, their_alloc, their_pool, prompts, page_size, chunk=3 * page_size)
+    assert our_hits == their_hits and sum(our_hits) > 0
+    assert ours.total_size() == theirs.total_size()
+    assert our_alloc.available_size() + ours.total_size() == num_pages * page_size
+    ours.check()
+
+
+def test_sglang_eviction_path_keeps_every_page_accounted_for(monkeypatch):
+    """OPTIONAL (needs sglang): under memory pressure SGLang's evict_to_free_tokens evicts through the adapter."""
+    sgl = _sglang()
+    _no_server(sgl, monkeypatch)
+    page_size, num_pages = 2, 24
+    tree, allocator, pool = _sglang_setup(sgl, page_size, num_pages, lambda p, a: RadixKVCache(p, a, page_size))
+    hits = _serve(sgl, tree, allocator, pool, _workload(seed=3, n=60), page_size, chunk=4, kv={})
+    assert tree.cache.evicted_blocks > 0 and sum(hits) > 0
+    assert allocator.available_size() + tree.total_size() == num_pages * page_size
+    tree.check()
+
+
+def test_register_with_sglang_adds_a_radix_cache_backend():
+    """OPTIONAL (needs sglang): ``--radix-cache-backend radixkv`` builds a RadixKVCache from CacheInitParams."""
+    sgl = _sglang()
+    from sglang.srt.mem_cache import registry
+
+    assert register_with_sglang() and register_with_sglang()  # idempotent
+    tree, allocator, pool = _sglang_setup(sgl, 2, 16, lambda p, a: None)
+    params = sgl.CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
+                                 page_size=2, enable_kv_cache_events=True)
+    built = registry.get_radix_cache_factory("radixkv")(SimpleNamespace(params=params))
+    assert isinstance(built, RadixKVCache) and built.page_size == 2 and built.enable_kv_cache_events
+    built.check()
