@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zlib
 
 import numpy as np
 import pytest
@@ -123,3 +124,38 @@ def test_bad_urls_are_refused(urls):
 
 def test_simulated_backend_is_the_default():
     assert isinstance(RemoteTier(blocks_per_host=2).backend, SimulatedHosts)
+
+
+def test_a_server_out_of_memory_drops_only_the_refused_copies(servers):
+    # maxmemory a little above what the empty server uses, noeviction: SETs start failing with OOM.
+    import redis
+
+    client = redis.Redis.from_url(servers[0].url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 512 * 1024)
+    kv = (64, 64)  # 16 KiB per page of 2 tokens: the server takes a few dozen pages
+
+    def value(tokens, i):
+        return np.full((PS, *kv), zlib.crc32(bytes(tokens[: (i + 1) * PS])) % 2003, dtype=np.float16)
+
+    backend = backend_for(servers[:1])
+    cache = TieredCache(4, PS, kv_shape=kv, load_back="always",
+                        tiers=[RemoteTier(blocks_per_host=200, backend=backend)])
+    prompts = [[i, i, i + 1, i + 1] for i in range(0, 200, 2)]
+    hits = 0
+    for tokens in prompts + prompts[:20]:  # no exception out of admit, whatever the server refuses
+        a = cache.admit(tokens)
+        got = cache.read(a.blocks)
+        for i in range(a.hit_tokens // PS):
+            assert np.array_equal(got[i], value(tokens, i)), f"page {i} of {tokens} read wrong bytes"
+        if len(a.new_blocks):
+            cache.write(a.new_blocks, np.stack([value(tokens, i) for i in range(a.hit_tokens // PS, 2)]))
+        a.release()
+        hits += a.hit_tokens
+        cache.check()
+    stats = cache.tier_stats()
+    tier = cache.tiers[0]
+    assert stats.dropped_pages > 0 and tier.lost_hosts == [] and stats.lost_pages == 0
+    assert hits > 0 and stats.integrity_misses == 0  # the pages stored before memory ran out still serve
+    assert len(client.keys(f"{backend.namespace}:*")) == tier.used  # no copy the server refused is counted
+    cache.close()

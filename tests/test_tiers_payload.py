@@ -133,3 +133,41 @@ def test_dead_host_pages_are_forgotten_and_counted():
     assert stats.lost_pages == 2 and stats.integrity_misses == 0 and tier.lost_hosts == [0]
     assert tier.capacity == 4
     cache.check()
+
+
+class RefusingHosts(SimulatedHosts):
+    """Simulated hosts that refuse writes beyond ``room`` stored pages each (a server at maxmemory)."""
+
+    def __init__(self, num_hosts: int, room: int) -> None:
+        super().__init__(num_hosts)
+        self.room = room
+        self.refused = 0
+
+    def put(self, host, slots, values):
+        store = self._store(host)
+        stored = []
+        for slot, value in zip(slots, values):
+            fits = len(store) < self.room or int(slot) in store
+            if fits:
+                store[int(slot)] = value
+            stored.append(fits)
+        self.refused += stored.count(False)
+        return stored
+
+
+def test_refused_remote_writes_drop_only_those_pages():
+    backend = RefusingHosts(1, room=3)
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[RemoteTier(blocks_per_host=8, backend=backend)],
+                        load_back="always")
+    for tokens in ([1, 1, 2, 2], [3, 3, 4, 4], [5, 5, 6, 6], [7, 7, 8, 8]):
+        admit_and_verify(cache, tokens)  # 6 pages demoted: [1, 1, 2, 2] whole, the first of [3, 3, 4, 4]
+        cache.check()
+    tier = cache.tiers[0]
+    stats = cache.tier_stats()
+    assert backend.refused == 3 and stats.dropped_pages == 3 and tier.used == 3
+    assert tier.lost_hosts == [] and stats.lost_pages == 0
+    assert admit_and_verify(cache, [1, 1, 2, 2]) == 2 * PS  # stored before the server filled up
+    assert admit_and_verify(cache, [3, 3, 4, 4]) == PS  # its second page was refused: a miss
+    assert admit_and_verify(cache, [5, 5, 6, 6]) == 0
+    assert cache.tier_stats().integrity_misses == 0
+    cache.check()

@@ -62,7 +62,8 @@ class TierStats:
         transfer_seconds: simulated seconds of all transfers (no overlap assumed).
         recomputed_tokens: tokens found below HBM but recomputed (cost rule, or no room in HBM).
         integrity_misses: pages whose payload was missing or failed its checksum on load.
-        dropped_pages: pages that fell out of the last tier (or found no room below).
+        dropped_pages: pages that fell out of the last tier, found no room below, or whose write a
+            tier refused (a Redis server out of memory).
         lost_pages: copies forgotten because their remote host died.
         pages_by_tier: pages each lower tier holds now.
     """

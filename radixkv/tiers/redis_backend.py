@@ -9,6 +9,12 @@ evicted by Redis shows up as a counted miss. Each transfer is one pipelined
 round trip per host (``SET``s or one ``MGET``), as LMCache's Redis connector
 batches.
 
+A server that answers but refuses a write (``OOM`` at ``maxmemory`` under
+``noeviction``, a read-only replica: any ``ResponseError``) loses only that
+page's copy: :meth:`RedisBackend.put` reports the slot as not stored, the
+stack drops the page (``dropped_pages``) and a later lookup of it is a plain
+miss. The host stays live; its stored pages keep serving.
+
 Needs redis-py: ``pip install radixkv[redis]``.
 """
 
@@ -34,8 +40,11 @@ class RedisBackend:
 
     Connects and pings every server at construction: an unreachable address
     raises :class:`~radixkv.tiers.base.RemoteHostError` naming it. Later
-    failures (a server killed mid-replay) raise
+    connection failures (a server killed mid-replay) raise
     :class:`~radixkv.tiers.remote.HostDown`, which the tier turns into misses.
+    Error replies (``ResponseError``: out of memory, read-only) never raise:
+    a refused ``SET`` is a slot not stored, a refused ``MGET`` reads as missing
+    values, a refused ``UNLINK`` leaves the key to be overwritten.
 
     Args:
         urls: one Redis URL per remote host.
@@ -53,6 +62,7 @@ class RedisBackend:
             raise TierConfigError(f"namespace must be a non-empty string, got {namespace!r}")
         redis = _redis()
         self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        self._refused = redis.exceptions.ResponseError
         self.urls = urls
         self.num_hosts = len(urls)
         self.namespace = namespace or f"radixkv:{uuid.uuid4().hex[:16]}"
@@ -70,20 +80,27 @@ class RedisBackend:
     def _key(self, slot: int) -> str:
         return f"{self.namespace}:{slot}"
 
-    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> None:
+    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> List[bool]:
+        """``SET`` each slot's value in one pipeline; per slot, whether the server stored it."""
         try:
             pipe = self._clients[host].pipeline(transaction=False)
             for slot, value in zip(slots, values):
                 pipe.set(self._key(slot), value)
-            pipe.execute()
+            # Error replies come back as exception objects, one per refused SET.
+            replies = pipe.execute(raise_on_error=False)
         except self._errors as exc:
             raise HostDown(host, exc) from None
+        except self._refused:
+            return [False] * len(slots)
+        return [not isinstance(r, Exception) for r in replies]
 
     def get(self, host: int, slots: Sequence[int]) -> List[Optional[bytes]]:
         try:
             return self._clients[host].mget([self._key(s) for s in slots])
         except self._errors as exc:
             raise HostDown(host, exc) from None
+        except self._refused:
+            return [None] * len(slots)
 
     def delete(self, host: int, slots: Sequence[int]) -> None:
         if not slots:
@@ -92,6 +109,8 @@ class RedisBackend:
             self._clients[host].unlink(*[self._key(s) for s in slots])
         except self._errors as exc:
             raise HostDown(host, exc) from None
+        except self._refused:
+            pass  # the key stays until its slot is written again; the tier never reads a freed slot
 
     def clear(self) -> None:
         """Delete this namespace's keys on every reachable server. O(keys)."""

@@ -5,7 +5,9 @@ host, most-free host first); a backend only stores bytes by ``(host, slot)``.
 The default :class:`SimulatedHosts` keeps them in-process (no server needed);
 :class:`~radixkv.tiers.redis_backend.RedisBackend` keeps them in Redis, one
 server per host. A backend that raises :class:`HostDown` marks its host dead:
-every page on it becomes a miss and the stack forgets those copies.
+every page on it becomes a miss and the stack forgets those copies. A backend
+that refuses single writes (a server out of memory) reports them from
+:meth:`RemoteBackend.put`: only those pages are dropped, the host stays live.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ class HostDown(Exception):
 class RemoteBackend(Protocol):
     """Byte storage on ``num_hosts`` hosts, addressed by ``(host, slot)``.
 
-    Every method may raise :class:`HostDown` for ``host``. Batched: one call per
-    host per transfer (Redis pipelines it into one round trip).
+    Every method may raise :class:`HostDown` for ``host`` (it does not answer).
+    ``put`` returns ``None`` when every value was stored, else one bool per
+    slot (``False``: the host refused that write; its copy is dropped). Any
+    other exception escapes to the caller. Batched: one call per host per
+    transfer (Redis pipelines it into one round trip).
     """
 
     num_hosts: int
 
-    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> None: ...
+    def put(self, host: int, slots: Sequence[int], values: Sequence[bytes]) -> Optional[Sequence[bool]]: ...
 
     def get(self, host: int, slots: Sequence[int]) -> List[Optional[bytes]]: ...
 
@@ -147,8 +152,11 @@ class RemoteTier(Tier):
             local = (slots[idx] % self.blocks_per_host).tolist()
             values = ([_MARKER] * len(idx) if pages is None
                       else [pages[i].tobytes() for i in idx])
-            if not self._live[host] or not self._call(host, self.backend.put, host, local, values):
+            stored = self._call(host, self.backend.put, host, local, values) if self._live[host] else None
+            if stored is None:
                 ok[idx] = False
+            elif stored is not True:  # per-slot answer: some writes refused
+                ok[idx] = np.fromiter(stored, dtype=bool, count=len(idx))
         return ok
 
     def read(self, slots: np.ndarray) -> Tuple[Optional[np.ndarray], np.ndarray]:

@@ -53,7 +53,7 @@ class TierStack:
         self.page_bytes = page_bytes
         self.tick = 0
         self.dropped_pages = 0
-        """Pages that left the last tier, or found no room below (monotonic)."""
+        """Pages that left the last tier, found no room below, or whose write a tier refused (monotonic)."""
         self.integrity_misses = 0
         """Pages whose payload was missing or failed its checksum on load (monotonic)."""
         self.lost_pages = 0
@@ -300,12 +300,18 @@ class TierStack:
             s = slots[off: off + k]
             off += k
             rows = slice(n.start - start, n.end - start)
-            if tier.write(s, None if pages is None else pages[rows]).all():
-                self._assign(n, tier, s, None if sums is None else sums[rows], stamp)
-                stored += k
-            else:
-                tier.give(s)
+            ok = tier.write(s, None if pages is None else pages[rows])
+            good = k if ok.all() else int(np.argmin(ok))
+            if good < k:  # the tier refused a write: keep the pages before it, drop the rest
+                tier.give(s[good:])
                 failed.append(n)
+                if not good:
+                    continue
+                n = self._split(n, good)  # the upper part, stored; ``n`` above keeps the tail
+                s = s[:good]
+                rows = slice(rows.start, rows.start + good)
+            self._assign(n, tier, s, None if sums is None else sums[rows], stamp)
+            stored += good
         if off < len(slots):
             tier.give(slots[off:])
         self.ledger.record(src, tier.name, stored * self.page_bytes)
