@@ -101,7 +101,8 @@ class Admission:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
         blocks: block ids of every page of the request now cached, matched ones first.
         new_blocks: the blocks allocated for this request (the tail of ``blocks``); the
-            caller writes their KV.
+            caller writes their KV before :meth:`release` (a tiered cache copies them below
+            HBM at the release, never earlier).
         node: handle of the deepest cached page of the request.
     """
 

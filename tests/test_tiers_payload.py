@@ -171,3 +171,59 @@ def test_refused_remote_writes_drop_only_those_pages():
     assert admit_and_verify(cache, [5, 5, 6, 6]) == 0
     assert cache.tier_stats().integrity_misses == 0
     cache.check()
+
+
+def test_selective_copy_of_an_open_admission_waits_for_its_release():
+    # Threshold 1: B's hit on A's pages makes them due while A's KV is still unwritten.
+    cache = TieredCache(2, PS, kv_shape=KV, tiers=[HostTier(8)], write_policy="write_through_selective",
+                        write_through_threshold=1, load_back="always")
+    tokens = [1, 1, 2, 2]
+    a = cache.admit(tokens)
+    b = cache.admit(tokens)
+    assert b.hit_tokens == 2 * PS and cache.tiers[0].used == 0  # nothing copied yet
+    cache.write(a.new_blocks, np.stack([page_value(tokens, i) for i in range(2)]))
+    a.release()
+    assert cache.tiers[0].used == 2  # copied at A's release, with A's KV
+    b.release()
+    cache.admit([9, 9, 8, 8]).release()  # HBM drops A's pages; the host copy stays
+    assert admit_and_verify(cache, tokens) == 2 * PS  # loaded back: A's bytes, not the stale ones
+    assert cache.tier_stats().hit_tokens_by_tier["host"] == 2 * PS
+    assert cache.tier_stats().integrity_misses == 0
+    cache.check()
+
+
+batches = st.lists(st.lists(st.lists(st.integers(0, 2), max_size=8), min_size=1, max_size=4),
+                   min_size=1, max_size=12)
+
+
+@settings(max_examples=100)
+@given(batches, st.integers(2, 6), st.integers(1, 4),
+       st.sampled_from(["write_back", "write_through", "write_through_selective"]), st.integers(1, 2),
+       st.randoms(use_true_random=False))
+def test_admissions_open_together_never_leave_unwritten_bytes_below_hbm(trace, a, b, policy, threshold, rnd):
+    """Requests admitted in batches (all open at once, sharing prefixes), KV written after the whole batch
+    is admitted, released in any order: every hit, from HBM or loaded back, reads its own bytes."""
+    cache = TieredCache(a, PS, kv_shape=KV, tiers=[HostTier(b), RemoteTier(blocks_per_host=2, num_hosts=2)],
+                        write_policy=policy, write_through_threshold=threshold, load_back="always")
+    for batch in trace:
+        opened = []
+        for tokens in batch:
+            adm = cache.admit(tokens)
+            opened.append((tokens, adm))
+            if rnd.random() < 0.3:
+                cache.match(tokens)  # a second look at the same prefix counts a selective hit too
+        for tokens, adm in opened:  # the prefill of the whole batch
+            start = adm.hit_tokens // PS
+            if len(adm.new_blocks):
+                cache.write(adm.new_blocks, np.stack([page_value(tokens, start + j)
+                                                      for j in range(len(adm.new_blocks))]))
+        for tokens, adm in opened:
+            got = cache.read(adm.blocks)
+            for i in range(len(adm.blocks)):
+                assert np.array_equal(got[i], page_value(tokens, i)), f"page {i} of {tokens} holds wrong bytes"
+        rnd.shuffle(opened)
+        for _, adm in opened:
+            adm.release()
+        cache.check()
+        assert cache._open_writes == 0 and not cache._unwritten.any()
+    assert cache.tier_stats().integrity_misses == 0

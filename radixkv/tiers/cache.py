@@ -19,7 +19,15 @@ Write policies, as SGLang HiCache names them:
   its request is released (its KV is written by then); HBM evicts by
   dropping, so HBM behaves exactly like a plain cache of ``a`` blocks.
 * ``write_through_selective``: a page is copied down once it was hit
-  ``write_through_threshold`` times.
+  ``write_through_threshold`` times (at its admission's release if it gets
+  there earlier).
+
+The engine's contract, which every copy below HBM relies on: the KV of an
+admission's ``new_blocks`` is written before :meth:`Admission.release`, and
+:meth:`TieredCache.insert` is given blocks whose KV is written. Until its
+admission is released a page is never copied down (not by write-through, not
+by a selective hit, not by a demotion), since its bytes are not its KV yet: a
+copy taken then would carry a valid checksum over wrong bytes.
 """
 
 from __future__ import annotations
@@ -83,12 +91,12 @@ class TierStats:
         return asdict(self)
 
 
-class _CopyDownAdmission(Admission):
-    """An admission whose new pages are copied down (write-through) when it is released."""
+class _TieredAdmission(Admission):
+    """An admission with new pages: they are marked unwritten until :meth:`release`, which may copy them down."""
 
     __slots__ = ("_root", "_data", "_start")
 
-    def __init__(self, base: Admission, root: Node, data: bytes, start: int) -> None:
+    def __init__(self, base: Admission, root: Node, data: Optional[bytes], start: int) -> None:
         super().__init__(base._cache, base.hit_tokens, base.blocks, base.new_blocks, base.node)
         self._root = root
         self._data = data
@@ -96,7 +104,7 @@ class _CopyDownAdmission(Admission):
 
     def release(self) -> None:
         if not self._released:
-            self._cache._copy_down(self._root, self._data, self._start, self.new_blocks)
+            self._cache._written(self)
         super().release()
 
 
@@ -182,6 +190,9 @@ class TieredCache(PrefixCache):
         self.load_back = load_back
         self._exclusive = write_policy == "write_back"
         self._selective = write_policy == "write_through_selective"
+        # Blocks of open admissions' new pages: their KV is not written yet, so no copy leaves HBM.
+        self._unwritten = np.zeros(self.num_blocks, dtype=bool)
+        self._open_writes = 0  # open admissions with new pages (0: skip every _unwritten lookup)
         self._stack = TierStack(tiers, self.page_size, data is not None,
                                 TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes)
         self._zero_stats()
@@ -233,18 +244,25 @@ class TieredCache(PrefixCache):
     def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, **kwargs: Any) -> Admission:
         """As :meth:`PrefixCache.admit`; pages may be loaded back from lower tiers (counted as hits).
 
-        Under write-through the new pages are copied down at :meth:`Admission.release`, once the
-        caller has written their KV.
+        The new pages are copied below HBM no earlier than :meth:`Admission.release`, by which
+        time the caller has written their KV: write-through copies them there, selective
+        write-through those already hit ``write_through_threshold`` times.
         """
         admission = super().admit(tokens, namespace=namespace, **kwargs)
-        if self._exclusive or self._selective or not len(admission.new_blocks) or not self._stack.tiers:
+        new = admission.new_blocks
+        if not len(new) or not self._stack.tiers:
             return admission
-        data, _ = self._pages(tokens)
-        root = self._existing_root(namespace)
-        return _CopyDownAdmission(admission, root, data, admission.hit_tokens // self.page_size)
+        self._unwritten[new] = True
+        self._open_writes += 1
+        data = None if self._exclusive else self._pages(tokens)[0]
+        return _TieredAdmission(admission, self._existing_root(namespace), data,
+                                admission.hit_tokens // self.page_size)
 
     def insert(self, tokens: TokensLike, blocks, *, namespace: Optional[str] = None) -> int:
-        """As :meth:`PrefixCache.insert`; under write-through the new pages are copied down at once."""
+        """As :meth:`PrefixCache.insert`; under write-through the new pages are copied down at once.
+
+        ``blocks`` must hold written KV (an engine inserts after the prefill that filled them).
+        """
         present = super().insert(tokens, blocks, namespace=namespace)
         if self._exclusive or self._selective or not self._stack.tiers:
             return present
@@ -275,8 +293,10 @@ class TieredCache(PrefixCache):
         """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
         if not self._exclusive or not self._stack.tiers:
             return
-        root, data = self._path_data(node)
         blocks = node.blocks[node.num_pages - k:]
+        if self._open_writes and self._unwritten[blocks].any():
+            return  # an open admission's pages, unlocked by hand: their bytes are not KV, drop them
+        root, data = self._path_data(node)
         pages = self._pool.data[blocks] if self._pool.data is not None else None
         self._stack.put(root, data, node.end - k, node.end, pages)
         if self._events is not None:
@@ -360,6 +380,27 @@ class TieredCache(PrefixCache):
         parts.reverse()
         return node, b"".join(parts)
 
+    def _written(self, admission: _TieredAdmission) -> None:
+        """``admission`` is being released: its new pages hold KV now; copy down what is due."""
+        self._unwritten[admission.new_blocks] = False
+        self._open_writes -= 1
+        if self._exclusive:
+            return
+        root, data, start = admission._root, admission._data, admission._start
+        if not self._selective:
+            self._copy_down(root, data, start, admission.new_blocks)
+            return
+        # Pages hit often enough while their KV was being written: the nodes (split or not)
+        # from the admission's deepest page up to its first one.
+        due = []
+        node = admission.node._node
+        while node.parent is not None and node.end > start:
+            if (node.ext or 0) >= self.write_through_threshold:
+                due.append(node)
+            node = node.parent
+        for node in reversed(due):
+            self._copy_down(root, data, node.start, node.blocks)
+
     def _copy_down(self, root: Optional[Node], data: bytes, start: int, blocks: np.ndarray) -> None:
         """Copy pages ``start..`` (in HBM ``blocks``) to the first lower tier (write-through)."""
         if root is None or not len(blocks):
@@ -368,7 +409,11 @@ class TieredCache(PrefixCache):
         self._stack.put(root, data, start, start + len(blocks), pages)
 
     def _count_hits(self, node: Node, data: bytes) -> None:
-        """Selective write-through: count a hit on every matched node; copy down at the threshold."""
+        """Selective write-through: count a hit on every matched node; copy down at the threshold.
+
+        A node of an open admission reaches the threshold before its KV is written: it is
+        copied at that admission's release instead (:meth:`_written`).
+        """
         threshold = self.write_through_threshold
         path = []
         n = node
@@ -377,7 +422,10 @@ class TieredCache(PrefixCache):
             if n.ext == threshold:
                 path.append(n)
             n = n.parent
+        unwritten = self._unwritten if self._open_writes else None
         for n in reversed(path):
+            if unwritten is not None and unwritten[n.blocks].any():
+                continue
             self._copy_down(n_root(n), data, n.start, n.blocks)
 
 
