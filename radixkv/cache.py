@@ -288,6 +288,13 @@ class PrefixCache:
         ``tokens`` is cached). Not a use: the clock and the policy's state do
         not change. O(depth).
 
+        On a :class:`~radixkv.tiers.TieredCache` "cached" includes the lower
+        tiers: pages of the prefix held below HBM are loaded back first (under
+        its ``load_back`` rule, evicting other pages as a match would), so the
+        whole pinned prefix is resident in HBM. The load is a transfer, not a
+        use: no hit, recompute or selective write-through count changes, and
+        lower-tier ranks are not touched.
+
         >>> cache = PrefixCache(num_blocks=4, page_size=2)
         >>> cache.admit([7, 7, 8, 8]).release()
         >>> cache.pin([7, 7, 8, 8, 9])
@@ -299,7 +306,7 @@ class PrefixCache:
         root = self._existing_root(namespace)
         if root is None:
             return 0
-        node, pos = self._descend(root, data, num_pages)
+        node, pos = self._descend(root, data, num_pages, use=False)
         if pos == 0:
             return 0
         self._lock_node(node)
@@ -573,7 +580,9 @@ class PrefixCache:
         num_pages = len(arr) // self.page_size
         return arr[: num_pages * self.page_size].tobytes(), num_pages
 
-    def _descend(self, root: Node, data: bytes, num_pages: int):
+    def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
+        """Walk to the deepest cached page of ``data`` (splitting there); ``use`` is False for a
+        pin, which a tier layer must not count as a hit."""
         node, pos, child, common = self._tree.walk(root, data, num_pages)
         if child is not None:
             node = self._split(child, common)

@@ -186,3 +186,50 @@ def test_a_tier_belongs_to_one_cache():
     TieredCache(2, PS, tiers=[host])
     with pytest.raises(TierConfigError, match="another cache"):
         TieredCache(2, PS, tiers=[host])
+
+
+T = [1, 1, 2, 2]
+
+
+def _demoted(**kwargs):
+    """A cache whose 2-page prompt T was pushed down to the host tier by another prompt."""
+    cache = TieredCache(2, PS, tiers=[HostTier(8)], **kwargs)
+    cache.admit(T).release()
+    cache.admit([9, 9, 8, 8]).release()
+    return cache
+
+
+def test_pin_loads_a_demoted_prefix_back_without_counting_a_use():
+    cache = _demoted(load_back="always")
+    before, clock = cache.tier_stats(), cache.clock
+    assert cache.peek(T) == (0, 2)
+    assert cache.pin(T) == 4
+    after = cache.tier_stats()
+    assert cache.peek(T) == (2, 0) and cache.protected_blocks == 2  # resident, and held there
+    assert after.bytes_by_link["pcie"] > before.bytes_by_link.get("pcie", 0)  # a real transfer
+    assert after.hit_tokens_by_tier == before.hit_tokens_by_tier == {"hbm": 0, "host": 0}
+    assert after.recomputed_tokens == before.recomputed_tokens and cache.clock == clock
+    assert cache.evict(2) == 0
+    assert cache.unpin(T) == 4 and cache.evict(2) == 2
+    cache.check()
+
+
+def test_pin_touches_no_lower_rank_and_loads_nothing_under_load_back_never():
+    cache = _demoted(load_back="never")
+    copies = [n for n in cache._stack.tree.nodes() if n.ext is not None]
+    ranks = [n.policy_state for n in copies]
+    assert cache.pin(T) == 0
+    assert [n.policy_state for n in copies] == ranks and cache.tier_stats().recomputed_tokens == 0
+    cache.match(T)  # a request's lookup does rank the copies by use
+    assert [n.policy_state for n in copies] != ranks
+    cache.check()
+
+
+def test_pin_is_not_a_selective_write_through_hit():
+    cache = TieredCache(4, PS, tiers=[HostTier(8)], write_policy="write_through_selective",
+                        write_through_threshold=1)
+    cache.admit(T).release()
+    assert cache.pin(T) == 4 and cache.tiers[0].used == 0
+    cache.match(T)  # the first hit: copied down
+    assert cache.tiers[0].used == 2
+    cache.check()

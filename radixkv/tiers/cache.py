@@ -304,20 +304,21 @@ class TieredCache(PrefixCache):
             self._events.demoted(node, range(node.num_pages - k, node.num_pages),
                                  medium=TIER_MEDIUM.get(first, first.upper()))
 
-    def _descend(self, root: Node, data: bytes, num_pages: int):
+    def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
         node, pos = super()._descend(root, data, num_pages)
-        self._hit_pages[HBM] += pos
         stack = self._stack
-        if self._selective and pos:
-            self._count_hits(node, data)
+        if use:
+            self._hit_pages[HBM] += pos
+            if self._selective and pos:
+                self._count_hits(node, data)
         if not stack.num_pages or (pos >= num_pages and self._exclusive):
             return node, pos
-        run = stack.lookup(root, data, pos, num_pages)
+        run = stack.lookup(root, data, pos, num_pages, touch=use)
         if not run or self.load_back == "never":
             return node, pos
         self._lock_node(node)
         try:
-            plan = self._plan(run, pos, self._pool.num_free + self._cached - self._protected)
+            plan = self._plan(run, pos, self._pool.num_free + self._cached - self._protected, use)
             if not plan:
                 return node, pos
             got, payload, by_tier = stack.fetch(run, plan, self._exclusive)
@@ -332,7 +333,8 @@ class TieredCache(PrefixCache):
             leaf = self._add_pages(node, data, pos, blocks, self._clock)
             offset = 0
             for name, pages in by_tier:
-                self._hit_pages[name] += pages
+                if use:
+                    self._hit_pages[name] += pages
                 if self._events is not None and leaf is not None:
                     self._events.promoted(leaf, range(offset, min(offset + pages, leaf.num_pages)),
                                           source_medium=TIER_MEDIUM.get(name, name.upper()))
@@ -347,8 +349,10 @@ class TieredCache(PrefixCache):
         return upper
 
     # ------------------------------------------------------------------ internals
-    def _plan(self, run: List[Node], pos: int, room: int) -> int:
-        """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing."""
+    def _plan(self, run: List[Node], pos: int, room: int, use: bool = True) -> int:
+        """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing.
+
+        Counts the rest as recomputed when ``use`` (a request's lookup, not a pin)."""
         total = i = 0
         always = self.load_back == "always"
         found = sum(n.num_pages for n in run)
@@ -364,7 +368,8 @@ class TieredCache(PrefixCache):
             total += take
             if take < seg:
                 break
-        self._recomputed_pages += found - total
+        if use:
+            self._recomputed_pages += found - total
         return total
 
     def _path_data(self, node: Node) -> Tuple[Node, bytes]:

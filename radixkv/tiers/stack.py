@@ -121,11 +121,12 @@ class TierStack:
         path.reverse()
         return path
 
-    def lookup(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> List[Node]:
+    def lookup(self, key: Hashable, data: bytes, pos: int, num_pages: int, touch: bool = True) -> List[Node]:
         """Nodes holding pages ``pos, pos+1, ...`` of ``data`` below HBM, consecutive, in order.
 
-        Touches (``on_access``) every copy on the path up to the end of the run,
-        so lower tiers rank by use like HBM does. Splits nodes so the run starts
+        With ``touch`` (a request's lookup; a pin passes False) it touches
+        (``on_access``) every copy on the path up to the end of the run, so
+        lower tiers rank by use like HBM does. Splits nodes so the run starts
         exactly at ``pos``. Cost: O(path nodes) plus a C-speed key comparison.
         """
         root = self.tree._roots.get(key)
@@ -150,6 +151,8 @@ class TierStack:
                     break
                 run.append(n)
                 end = n.end
+        if not touch:
+            return run
         tick = self.tick
         for n in path:
             if n.start >= end:
