@@ -233,3 +233,36 @@ def test_pin_is_not_a_selective_write_through_hit():
     cache.match(T)  # the first hit: copied down
     assert cache.tiers[0].used == 2
     cache.check()
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.sampled_from(["match", "admit", "pin", "unpin"]),
+                          st.lists(st.integers(0, 2), max_size=8)), min_size=1, max_size=40),
+       st.integers(1, 4), st.sampled_from(["write_back", "write_through", "write_through_selective"]))
+def test_hits_by_tier_sum_to_what_matches_and_admissions_returned(ops, a, policy):
+    cache = TieredCache(a, PS, tiers=[HostTier(3), RemoteTier(blocks_per_host=2, num_hosts=2)],
+                        write_policy=policy, write_through_threshold=1, load_back="always")
+    served = 0
+    pinned = []
+    for op, tokens in ops:
+        if op == "match":
+            served += cache.match(tokens).num_tokens
+        elif op == "admit":
+            adm = cache.admit(tokens)
+            served += adm.hit_tokens
+            adm.release()
+        elif op == "pin":
+            if cache.pin(tokens):
+                pinned.append(tokens)
+        elif pinned:
+            cache.unpin(pinned.pop())
+        assert sum(cache.hit_tokens_by_tier.values()) == served
+        cache.check()
+
+
+def test_a_request_looked_up_by_match_and_then_admit_is_counted_twice():
+    cache = TieredCache(4, PS, tiers=[HostTier(8)])
+    cache.admit(T).release()
+    cache.match(T)
+    cache.admit(T).release()
+    assert cache.hit_tokens_by_tier == {"hbm": 8, "host": 0}  # as TierStats documents

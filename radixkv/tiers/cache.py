@@ -64,7 +64,12 @@ class TierStats:
     """What the tiers did since the cache was created (or :meth:`TieredCache.reset`).
 
     Attributes:
-        hit_tokens_by_tier: tokens served per tier (``"hbm"`` first); they sum to the admissions' hits.
+        hit_tokens_by_tier: tokens served per tier (``"hbm"`` first) by every :meth:`~TieredCache.match`
+            and :meth:`~TieredCache.admit`: each call counts the pages it returns, by the tier that
+            held them, so they sum to the admissions' ``hit_tokens`` plus the matches'
+            ``num_tokens``. A request looked up twice (``match`` then ``admit``) is counted twice;
+            with ``admit`` alone (replay, cluster) the sum is the admissions' hits. ``pin`` and
+            ``peek`` count nothing.
         bytes_by_link / seconds_by_link: bytes moved and simulated seconds per link.
         bytes_by_route: bytes per ``"src->dst"`` tier pair.
         transfer_seconds: simulated seconds of all transfers (no overlap assumed).
@@ -211,7 +216,7 @@ class TieredCache(PrefixCache):
 
     @property
     def hit_tokens_by_tier(self) -> Dict[str, int]:
-        """Tokens served per tier since creation (matches and admissions). O(tiers)."""
+        """Tokens served per tier since creation, by every match and admission (see :class:`TierStats`). O(tiers)."""
         return {name: pages * self.page_size for name, pages in self._hit_pages.items()}
 
     @property
