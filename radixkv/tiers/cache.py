@@ -25,9 +25,10 @@ Write policies, as SGLang HiCache names them:
 The engine's contract, which every copy below HBM relies on: the KV of an
 admission's ``new_blocks`` is written before :meth:`Admission.release`, and
 :meth:`TieredCache.insert` is given blocks whose KV is written. Until its
-admission is released a page is never copied down (not by write-through, not
-by a selective hit, not by a demotion), since its bytes are not its KV yet: a
-copy taken then would carry a valid checksum over wrong bytes.
+admission is released a page is never copied down, since its bytes are not
+its KV yet (a copy taken then would carry a valid checksum over wrong bytes):
+write-through and selective hits copy it at the release, and no demotion can
+take it, since the admission keeps it locked.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class _TieredAdmission(Admission):
 
     __slots__ = ("_root", "_data", "_start")
 
-    def __init__(self, base: Admission, root: Node, data: Optional[bytes], start: int) -> None:
+    def __init__(self, base: Admission, root: Node, data: bytes, start: int) -> None:
         super().__init__(base._cache, base.hit_tokens, base.blocks, base.new_blocks, base.node)
         self._root = root
         self._data = data
@@ -255,12 +256,12 @@ class TieredCache(PrefixCache):
         """
         admission = super().admit(tokens, namespace=namespace, **kwargs)
         new = admission.new_blocks
-        if not len(new) or not self._stack.tiers:
+        # Write-back copies only at eviction, and an open admission's pages are locked: nothing to track.
+        if self._exclusive or not len(new) or not self._stack.tiers:
             return admission
         self._unwritten[new] = True
         self._open_writes += 1
-        data = None if self._exclusive else self._pages(tokens)[0]
-        return _TieredAdmission(admission, self._existing_root(namespace), data,
+        return _TieredAdmission(admission, self._existing_root(namespace), self._pages(tokens)[0],
                                 admission.hit_tokens // self.page_size)
 
     def insert(self, tokens: TokensLike, blocks, *, namespace: Optional[str] = None) -> int:
@@ -298,10 +299,8 @@ class TieredCache(PrefixCache):
         """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
         if not self._exclusive or not self._stack.tiers:
             return
-        blocks = node.blocks[node.num_pages - k:]
-        if self._open_writes and self._unwritten[blocks].any():
-            return  # an open admission's pages, unlocked by hand: their bytes are not KV, drop them
         root, data = self._path_data(node)
+        blocks = node.blocks[node.num_pages - k:]
         pages = self._pool.data[blocks] if self._pool.data is not None else None
         self._stack.put(root, data, node.end - k, node.end, pages)
         if self._events is not None:
@@ -394,8 +393,6 @@ class TieredCache(PrefixCache):
         """``admission`` is being released: its new pages hold KV now; copy down what is due."""
         self._unwritten[admission.new_blocks] = False
         self._open_writes -= 1
-        if self._exclusive:
-            return
         root, data, start = admission._root, admission._data, admission._start
         if not self._selective:
             self._copy_down(root, data, start, admission.new_blocks)
