@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Type, Union
 
-from radixkv.errors import UnknownPolicyError
+from radixkv.errors import ArgumentTypeError, ArgumentValueError, UnknownPolicyError
 
 from .adaptive import AdaptiveRetention
 from .base import EvictionPolicy
@@ -54,7 +54,7 @@ def available(*, include_aliases: bool = False) -> List[str]:
 def register(cls: Type[EvictionPolicy]) -> Type[EvictionPolicy]:
     """Register ``cls`` under ``cls.name`` and its ``aliases`` (usable as a class decorator)."""
     if not cls.name:
-        raise ValueError(f"policy class {cls.__name__} has no name")
+        raise ArgumentValueError(f"policy class {cls.__name__} has no name")
     _REGISTRY[cls.name] = cls
     for alias in cls.aliases:
         _ALIASES[alias] = cls.name
@@ -79,7 +79,7 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
     if isinstance(policy, EvictionPolicy):
         return policy
     if not isinstance(policy, str):
-        raise TypeError(f"policy must be a name or an EvictionPolicy, got {policy!r}")
+        raise ArgumentTypeError(f"policy must be a name or an EvictionPolicy, got {policy!r}")
     return resolve(policy)(**options)
 
 

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Dict, Sequence, Tuple
 
 import numpy as np
 
+from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
@@ -110,10 +111,10 @@ class AdaptiveRetention(EvictionPolicy):
         for arg, value in (("half_life", half_life), ("solve_every", solve_every),
                            ("history_size", history_size)):
             if value.__class__ is not int or value < 1:
-                raise ValueError(f"{arg} must be an int >= 1, got {value!r}")
+                raise ArgumentValueError(f"{arg} must be an int >= 1, got {value!r}")
         self.size_edges = tuple(size_edges)
         if list(self.size_edges) != sorted(set(self.size_edges)):
-            raise ValueError(f"size_edges must be increasing, got {size_edges!r}")
+            raise ArgumentValueError(f"size_edges must be increasing, got {size_edges!r}")
         self.half_life = half_life
         self.solve_every = solve_every
         self.history_size = history_size

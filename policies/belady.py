@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_DTYPE
 from radixkv.traces import Request
 from radixkv.tree import Node
@@ -146,7 +147,7 @@ class Belady(EvictionPolicy):
     def prepare(self, requests: Sequence[Request], page_size: int, first_clock: int = 1) -> None:
         """Learn the future: ``requests`` will be admitted at clock values ``first_clock, first_clock+1, ...``."""
         if self._page_size is not None and page_size != self._page_size:
-            raise ValueError(f"page_size must be the cache's {self._page_size}, got {page_size!r}")
+            raise ArgumentValueError(f"page_size must be the cache's {self._page_size}, got {page_size!r}")
         nxt, self._offsets = next_uses(requests, page_size)
         self._first = first_clock
         # request index -> clock value; NEVER stays NEVER

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Tuple
 
 from radixkv.costs import CostModel, get_hardware, get_model
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
 from radixkv.tree import Node
 
 from .base import EvictionPolicy
@@ -50,7 +51,7 @@ class GDSF(EvictionPolicy):
     def __init__(self, cost_model: Optional[CostModel] = None,
                  copies: Optional[Callable[[Node], Iterable[str]]] = None) -> None:
         if cost_model is not None and not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a radixkv.costs.CostModel, got {cost_model!r}")
+            raise ArgumentTypeError(f"cost_model must be a radixkv.costs.CostModel, got {cost_model!r}")
         self.cost_model = cost_model
         self.copies = copies
         self.age = 0.0
@@ -61,7 +62,7 @@ class GDSF(EvictionPolicy):
             self.cost_model = getattr(cache, "cost_model", None) or CostModel(
                 get_model(DEFAULT_MODEL), get_hardware(DEFAULT_HARDWARE), cache.page_size)
         if self.cost_model.page_size != cache.page_size:
-            raise ValueError(f"cost_model page_size {self.cost_model.page_size} differs from the "
+            raise ArgumentValueError(f"cost_model page_size {self.cost_model.page_size} differs from the "
                              f"cache's page_size, got {cache.page_size!r}")
 
     def restore_seconds(self, node: Node, page_index: int) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict
 
+from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
@@ -48,9 +49,9 @@ class S3FIFO(EvictionPolicy):
 
     def __init__(self, small_fraction: float = 0.1, move_threshold: int = 1) -> None:
         if not 0.0 < small_fraction < 1.0:
-            raise ValueError(f"small_fraction must be in (0, 1), got {small_fraction!r}")
+            raise ArgumentValueError(f"small_fraction must be in (0, 1), got {small_fraction!r}")
         if move_threshold.__class__ is not int or move_threshold < 1:
-            raise ValueError(f"move_threshold must be an int >= 1, got {move_threshold!r}")
+            raise ArgumentValueError(f"move_threshold must be an int >= 1, got {move_threshold!r}")
         self.small_fraction = small_fraction
         self.move_threshold = move_threshold
         self._small = self._main = 1

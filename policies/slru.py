@@ -13,6 +13,7 @@ size cap (a capped segment would need to demote its LRU node, a rank
 
 from __future__ import annotations
 
+from radixkv.errors import ArgumentValueError
 from radixkv.tree import Node
 
 from .base import EvictionPolicy
@@ -25,7 +26,7 @@ class SLRU(EvictionPolicy):
 
     def __init__(self, protected_threshold: int = 2) -> None:
         if protected_threshold.__class__ is not int or protected_threshold < 1:
-            raise ValueError(f"protected_threshold must be an int >= 1, got {protected_threshold!r}")
+            raise ArgumentValueError(f"protected_threshold must be an int >= 1, got {protected_threshold!r}")
         self.protected_threshold = protected_threshold
 
     def on_insert(self, node: Node, now: int) -> None:

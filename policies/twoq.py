@@ -50,6 +50,7 @@ import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
@@ -83,10 +84,10 @@ class TwoQ(EvictionPolicy):
 
     def __init__(self, quantile: float = 0.99, solve_every: int = 64, history_size: int = 1 << 16) -> None:
         if not (isinstance(quantile, (int, float)) and 0.0 < quantile <= 1.0):
-            raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
+            raise ArgumentValueError(f"quantile must be in (0, 1], got {quantile!r}")
         for arg, value in (("solve_every", solve_every), ("history_size", history_size)):
             if value.__class__ is not int or value < 1:
-                raise ValueError(f"{arg} must be an int >= 1, got {value!r}")
+                raise ArgumentValueError(f"{arg} must be an int >= 1, got {value!r}")
         self.quantile = float(quantile)
         self.solve_every = solve_every
         self.history_size = history_size

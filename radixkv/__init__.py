@@ -8,6 +8,8 @@ replay (:mod:`radixkv.replay`, the ``radixkv`` command).
 
 from .cache import Admission, MatchResult, NodeHandle, PrefixCache
 from .errors import (
+    ArgumentTypeError,
+    ArgumentValueError,
     InvalidBlocksError,
     InvalidTokensError,
     LockError,
@@ -21,6 +23,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admission", "MatchResult", "NodeHandle", "PrefixCache",
-    "RadixKVError", "InvalidBlocksError", "InvalidTokensError", "LockError",
-    "StaleHandleError", "TraceFormatError", "UnknownPolicyError",
+    "RadixKVError", "ArgumentTypeError", "ArgumentValueError", "InvalidBlocksError",
+    "InvalidTokensError", "LockError", "StaleHandleError", "TraceFormatError", "UnknownPolicyError",
 ]

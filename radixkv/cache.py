@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 
 from . import policies as _policies
-from .errors import InvalidBlocksError, LockError, RadixKVError, StaleHandleError
+from .errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError
 from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
@@ -38,14 +38,14 @@ def _check_retention(priority: object, expires_at: object):
     Python and numpy integers pass (returned as Python ints); bools and floats do not.
     """
     if not is_int(priority):
-        raise TypeError(f"priority must be an int, got {priority!r}")
+        raise ArgumentTypeError(f"priority must be an int, got {priority!r}")
     if priority < 0:
-        raise ValueError(f"priority must be >= 0 (higher is evicted later), got {priority!r}")
+        raise ArgumentValueError(f"priority must be >= 0 (higher is evicted later), got {priority!r}")
     if expires_at is not None:
         if not is_int(expires_at):
-            raise TypeError(f"expires_at must be an int clock value or None, got {expires_at!r}")
+            raise ArgumentTypeError(f"expires_at must be an int clock value or None, got {expires_at!r}")
         if expires_at < 0:
-            raise ValueError(f"expires_at must be >= 0, got {expires_at!r}")
+            raise ArgumentValueError(f"expires_at must be >= 0, got {expires_at!r}")
         expires_at = int(expires_at)
     return int(priority), expires_at
 
@@ -479,13 +479,13 @@ class PrefixCache:
         try:
             values = np.asarray(data)
         except ValueError as exc:  # a ragged nesting of lists
-            raise ValueError(f"data must be an array of shape {expected}: {exc}") from None
+            raise ArgumentValueError(f"data must be an array of shape {expected}: {exc}") from None
         # same_kind allows int -> float and float64 -> float16, not complex -> real or float -> int.
         if not np.can_cast(values.dtype, payload.dtype, casting="same_kind"):
-            raise TypeError(f"data must be castable to the payload dtype {payload.dtype} "
+            raise ArgumentTypeError(f"data must be castable to the payload dtype {payload.dtype} "
                             f"(same_kind), got dtype {values.dtype}")
         if values.shape != expected:
-            raise ValueError(f"data must have shape {expected}, got {values.shape}")
+            raise ArgumentValueError(f"data must have shape {expected}, got {values.shape}")
         payload[arr] = values
 
     # ------------------------------------------------------------------ checks
@@ -801,7 +801,7 @@ class PrefixCache:
 
     def _resolve(self, handle: NodeHandle) -> Node:
         if not isinstance(handle, NodeHandle):
-            raise TypeError(f"expected a NodeHandle (MatchResult.node), got {handle!r}")
+            raise ArgumentTypeError(f"expected a NodeHandle (MatchResult.node), got {handle!r}")
         node = handle._node
         if node.gen != handle._gen:
             raise StaleHandleError(f"{handle!r} is stale: its pages were evicted since it was issued")

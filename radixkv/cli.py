@@ -15,7 +15,7 @@ import click
 
 from . import policies
 from .cache import PrefixCache
-from .errors import RadixKVError
+from .errors import ArgumentValueError, RadixKVError
 from .replay import ReplayResult, replay
 from .sources import TRACE_FORMATS, open_trace
 from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, MISS_REASONS
@@ -236,7 +236,7 @@ def named(option: str, parse: Callable, text: str):
     try:
         return parse(text)
     except ValueError as exc:
-        raise ValueError(f"{option}: {exc}") from None
+        raise ArgumentValueError(f"{option}: {exc}") from None
 
 
 def write_jsonl(rows: list, path: str) -> None:
@@ -362,7 +362,7 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
     for item in params:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--param must be KEY=VALUE, got {item!r}")
+            raise ArgumentValueError(f"--param must be KEY=VALUE, got {item!r}")
         try:
             kwargs[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -44,7 +44,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import TraceFormatError
+from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .keys import as_tokens
 from .traces import MOONCAKE_BLOCK_TOKENS, TOKEN_DTYPE, expand_mooncake
 
@@ -135,15 +135,15 @@ class LruStackDistances:
         """
         ids = np.asarray(page_ids, dtype=np.int64)
         if ids.ndim != 1:
-            raise ValueError(f"page_ids must be 1-D, got shape {ids.shape}")
+            raise ArgumentValueError(f"page_ids must be 1-D, got shape {ids.shape}")
         n = len(ids)
         if num_tokens < n * self.page_size:
-            raise ValueError(f"num_tokens must cover {n} pages of {self.page_size}, got {num_tokens!r}")
+            raise ArgumentValueError(f"num_tokens must cover {n} pages of {self.page_size}, got {num_tokens!r}")
         if n and ids.min() < 0:
-            raise ValueError(f"page_ids must be >= 0, got {int(ids.min())!r}")
+            raise ArgumentValueError(f"page_ids must be >= 0, got {int(ids.min())!r}")
         repeats = n - len(np.unique(ids)) if n > 1 else 0
         if repeats:  # one page per depth, or the eviction order is not total
-            raise ValueError(f"page_ids must be distinct, got {repeats} repeats")
+            raise ArgumentValueError(f"page_ids must be distinct, got {repeats} repeats")
         self.requests += 1
         self.prompt_tokens += int(num_tokens)
         if n == 0:
@@ -382,7 +382,7 @@ def _build_fenwick(live: np.ndarray) -> np.ndarray:
 
 def _check_int(value: object, name: str, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        raise ArgumentValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)

@@ -1,9 +1,11 @@
 """Exception hierarchy.
 
-Every error radixkv raises on bad input subclasses a built-in (``ValueError``,
-``TypeError``, ``KeyError``) so callers can catch either the built-in or
-:class:`RadixKVError`. An error raised at the API boundary leaves the cache
-exactly as it was before the call.
+Every error radixkv raises on bad input is a :class:`RadixKVError` and
+subclasses a built-in (``ValueError``, ``TypeError``, ``KeyError``), so callers
+can catch either. A wrong type is an :class:`ArgumentTypeError` (never also a
+``ValueError``), a wrong value an :class:`ArgumentValueError` or one of the more
+specific ``ValueError`` classes below. An error raised at the API boundary
+leaves the cache exactly as it was before the call.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ from __future__ import annotations
 
 class RadixKVError(Exception):
     """Base class of every exception radixkv raises on purpose."""
+
+
+class ArgumentTypeError(RadixKVError, TypeError):
+    """An argument has the wrong type: a dict where tokens go, a float where an int goes."""
+
+
+class ArgumentValueError(RadixKVError, ValueError):
+    """An argument has the right type but a wrong value: a negative priority, a zero page size."""
 
 
 class InvalidTokensError(RadixKVError, ValueError):

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Un
 
 import numpy as np
 
+from .errors import ArgumentTypeError, ArgumentValueError
 from .hashing import BlockHash, BlockHasher, external_block_hash, external_block_hashes
 from .keys import TOKEN_DTYPE
 
@@ -265,7 +266,7 @@ class EventLog:
 
     def _move(self, cls: type, node: "Node", pages: range, medium: str, source_medium: str) -> None:
         if not isinstance(pages, range) or pages.step != 1 or not 0 <= pages.start <= pages.stop <= node.num_pages:
-            raise ValueError(f"pages must be a range within the node's {node.num_pages} pages, got {pages!r}")
+            raise ArgumentValueError(f"pages must be a range within the node's {node.num_pages} pages, got {pages!r}")
         if not len(pages):
             return
         hashes = self.page_hashes(node)
@@ -337,7 +338,7 @@ def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]
     if isinstance(enable_events, BlockHasher):
         return EventLog(cache, enable_events)
     if not isinstance(enable_events, bool):
-        raise TypeError(f"enable_events must be a bool or a BlockHasher, got {enable_events!r}")
+        raise ArgumentTypeError(f"enable_events must be a bool or a BlockHasher, got {enable_events!r}")
     return EventLog(cache) if enable_events else None
 
 

@@ -50,6 +50,7 @@ from typing import IO, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
+from .errors import ArgumentTypeError, ArgumentValueError
 from .tokenizer import DEFAULT_VOCAB_SIZE
 from .traces import TOKEN_DTYPE, Request
 
@@ -66,26 +67,26 @@ _MIX_STREAM = 2
 
 def _int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+        raise ArgumentValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
 
 
 def _real(name: str, value: object, minimum: float, *, above: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < minimum or (above and value == minimum):
         bound = ">" if above else ">="
-        raise ValueError(f"{name} must be finite and {bound} {minimum:g}, got {value!r}")
+        raise ArgumentValueError(f"{name} must be finite and {bound} {minimum:g}, got {value!r}")
     return value
 
 
 def _vocab(value: object) -> int:
     value = _int("vocab_size", value, 1)
     if value > 2**32:
-        raise ValueError(f"vocab_size must be <= 2**32, got {value!r}")
+        raise ArgumentValueError(f"vocab_size must be <= 2**32, got {value!r}")
     return value
 
 
@@ -353,7 +354,7 @@ def rag(
     doc_tokens = _int("doc_tokens", doc_tokens, 1)
     docs_per_request = _int("docs_per_request", docs_per_request, 0)
     if docs_per_request > num_docs:
-        raise ValueError(f"docs_per_request must be <= num_docs ({num_docs}), got {docs_per_request!r}")
+        raise ArgumentValueError(f"docs_per_request must be <= num_docs ({num_docs}), got {docs_per_request!r}")
     system_tokens = _int("system_tokens", system_tokens, 0)
     question_tokens = _int("question_tokens", question_tokens, 1)
     output_tokens = _int("output_tokens", output_tokens, 0)
@@ -539,17 +540,17 @@ def mix(
     if weights is None:
         weights = {kind: 1.0 for kind in MIX_KINDS}
     if not isinstance(weights, Mapping):
-        raise TypeError(f"weights must be a mapping of kind to weight, got {weights!r}")
+        raise ArgumentTypeError(f"weights must be a mapping of kind to weight, got {weights!r}")
     kind_params = {} if kind_params is None else kind_params
     if not isinstance(kind_params, Mapping):
-        raise TypeError(f"kind_params must be a mapping of kind to parameters, got {kind_params!r}")
+        raise ArgumentTypeError(f"kind_params must be a mapping of kind to parameters, got {kind_params!r}")
     for name, mapping in (("weights", weights), ("kind_params", kind_params)):
         unknown = sorted(set(mapping) - set(MIX_KINDS), key=repr)
         if unknown:
-            raise ValueError(f"{name} has unknown kind {unknown[0]!r}; expected some of {', '.join(MIX_KINDS)}")
+            raise ArgumentValueError(f"{name} has unknown kind {unknown[0]!r}; expected some of {', '.join(MIX_KINDS)}")
     probs = np.array([_real(f"weights[{k!r}]", weights.get(k, 0.0), 0.0) for k in MIX_KINDS])
     if probs.sum() <= 0:
-        raise ValueError(f"weights must give some kind a positive weight, got {dict(weights)!r}")
+        raise ArgumentValueError(f"weights must give some kind a positive weight, got {dict(weights)!r}")
 
     rng = np.random.default_rng([seed, _MIX_STREAM])
     counts = rng.multinomial(num_requests, probs / probs.sum())
@@ -603,13 +604,13 @@ def generate(kind: str, seed: int, num_requests: int, **params: object) -> Itera
     """
     fn = GENERATORS.get(kind) if isinstance(kind, str) else None
     if fn is None:
-        raise ValueError(f"unknown workload kind {kind!r}; expected one of: {', '.join(sorted(GENERATORS))}")
+        raise ArgumentValueError(f"unknown workload kind {kind!r}; expected one of: {', '.join(sorted(GENERATORS))}")
     signature = inspect.signature(fn).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
         accepted = [name for name, p in signature.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
         for name in params:
             if name not in accepted:
-                raise ValueError(f"{kind} has no parameter {name!r}; accepted: {', '.join(accepted)}")
+                raise ArgumentValueError(f"{kind} has no parameter {name!r}; accepted: {', '.join(accepted)}")
     return fn(seed, num_requests, **params)
 
 
@@ -627,7 +628,7 @@ def write_token_jsonl(requests: Iterable[Request], path_or_file: Union[str, os.P
         with open(path_or_file, "w", encoding="utf-8", newline="\n") as f:
             return _write_lines(requests, f)
     if not callable(getattr(path_or_file, "write", None)):
-        raise TypeError(f"path_or_file must be a path or a text file, got {path_or_file!r}")
+        raise ArgumentTypeError(f"path_or_file must be a path or a text file, got {path_or_file!r}")
     return _write_lines(requests, path_or_file)
 
 

@@ -39,6 +39,7 @@ from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
+from .errors import ArgumentTypeError, ArgumentValueError
 from .keys import as_tokens, check_positive_int
 
 BlockHash = bytes
@@ -62,7 +63,7 @@ def _head(major: int, value: int) -> bytes:
         return bytes((mt | 26,)) + struct.pack(">I", value)
     if value <= _U64:
         return bytes((mt | 27,)) + struct.pack(">Q", value)
-    raise ValueError(f"integer {value!r} does not fit CBOR's 64-bit argument")
+    raise ArgumentValueError(f"integer {value!r} does not fit CBOR's 64-bit argument")
 
 
 def _encode(obj: Any, out: List[bytes]) -> None:
@@ -88,7 +89,7 @@ def _encode(obj: Any, out: List[bytes]) -> None:
         for item in obj:
             _encode(item, out)
     else:
-        raise TypeError(f"cannot CBOR-encode {type(obj).__name__} value {obj!r} in a block hash")
+        raise ArgumentTypeError(f"cannot CBOR-encode {type(obj).__name__} value {obj!r} in a block hash")
 
 
 def cbor_dumps(obj: Any) -> bytes:
@@ -157,7 +158,7 @@ def namespace_extra_keys(namespace: Optional[Hashable], page_index: int) -> Opti
     if page_index != 0 or namespace is None:
         return None
     if not isinstance(namespace, (str, bytes, int, tuple)) or isinstance(namespace, bool):
-        raise TypeError(f"namespace must be a str (or bytes, int, tuple) to be hashed, got {namespace!r}")
+        raise ArgumentTypeError(f"namespace must be a str (or bytes, int, tuple) to be hashed, got {namespace!r}")
     return (namespace,)
 
 
@@ -234,20 +235,20 @@ class BlockHasher:
                  hash_seed: str = DEFAULT_HASH_SEED) -> None:
         if isinstance(hash_fn, str):
             if hash_fn not in HASH_FUNCTIONS:
-                raise ValueError(f"hash_fn must be one of {sorted(HASH_FUNCTIONS)} or a callable, got {hash_fn!r}")
+                raise ArgumentValueError(f"hash_fn must be one of {sorted(HASH_FUNCTIONS)} or a callable, got {hash_fn!r}")
             self.name = hash_fn
             self.hash_function = HASH_FUNCTIONS[hash_fn]
         elif callable(hash_fn):
             self.name = getattr(hash_fn, "__name__", "custom")
             self.hash_function = hash_fn
         else:
-            raise TypeError(f"hash_fn must be a name or a callable, got {hash_fn!r}")
+            raise ArgumentTypeError(f"hash_fn must be a name or a callable, got {hash_fn!r}")
         if not isinstance(hash_seed, str):
-            raise TypeError(f"hash_seed must be a str (like PYTHONHASHSEED), got {hash_seed!r}")
+            raise ArgumentTypeError(f"hash_seed must be a str (like PYTHONHASHSEED), got {hash_seed!r}")
         self.hash_seed = hash_seed
         self.none_hash: BlockHash = self.hash_function(hash_seed)
         if not isinstance(self.none_hash, bytes) or len(self.none_hash) != 32:
-            raise ValueError(f"hash_fn must return 32-byte digests, got {self.none_hash!r}")
+            raise ArgumentValueError(f"hash_fn must return 32-byte digests, got {self.none_hash!r}")
 
     def hash_block_tokens(self, parent_block_hash: Optional[BlockHash], curr_block_token_ids: Sequence[int],
                           extra_keys: Optional[Tuple[Any, ...]] = None) -> BlockHash:

@@ -12,7 +12,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from .errors import InvalidTokensError
+from .errors import ArgumentTypeError, ArgumentValueError, InvalidTokensError
 
 TOKEN_DTYPE = np.dtype(np.uint32)
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
@@ -38,7 +38,7 @@ def int_array(value: object, name: str, error: type = ValueError) -> np.ndarray:
     if isinstance(value, np.ndarray):
         arr = value
     elif isinstance(value, _NOT_SEQUENCES) or not hasattr(value, "__len__"):
-        raise TypeError(f"{name} must be a sequence of ints or a 1-D integer array, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a sequence of ints or a 1-D integer array, got {type(value).__name__}")
     elif len(value) == 0:
         return np.empty(0, dtype=np.int64)
     else:
@@ -47,7 +47,7 @@ def int_array(value: object, name: str, error: type = ValueError) -> np.ndarray:
         except (ValueError, OverflowError) as exc:
             raise error(f"{name} is not a flat sequence of ints: {exc}") from None
         if arr.ndim == 0:  # an object numpy cannot see as a sequence (a mapping, ...)
-            raise TypeError(f"{name} must be a sequence of ints or a 1-D integer array, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be a sequence of ints or a 1-D integer array, got {type(value).__name__}")
     if arr.dtype.kind in "iu":
         return arr
     if arr.size == 0:
@@ -58,8 +58,8 @@ def int_array(value: object, name: str, error: type = ValueError) -> np.ndarray:
         bad = [t for t in arr.flat if not is_int(t)][:1]
         if not bad:  # Python ints too large for int64
             raise error(f"{name} has a value outside the int64 range")
-        raise TypeError(f"{name} must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
-    raise TypeError(f"{name} must hold ints, got dtype {arr.dtype}")
+        raise ArgumentTypeError(f"{name} must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
+    raise ArgumentTypeError(f"{name} must hold ints, got dtype {arr.dtype}")
 
 
 def as_tokens(tokens: TokensLike, name: str = "tokens") -> np.ndarray:
@@ -92,7 +92,7 @@ def is_int(value: object) -> bool:
 def check_namespace(namespace: object) -> None:
     """Raise :class:`TypeError` unless ``namespace`` is a ``str`` or ``None``. O(1)."""
     if namespace is not None and type(namespace) is not str:
-        raise TypeError(f"namespace must be a str or None, got {namespace!r}")
+        raise ArgumentTypeError(f"namespace must be a str or None, got {namespace!r}")
 
 
 def check_positive_int(value: object, name: str, *, allow_zero: bool = False) -> int:
@@ -102,9 +102,9 @@ def check_positive_int(value: object, name: str, *, allow_zero: bool = False) ->
     :class:`TypeError`, out-of-range values :class:`ValueError`. O(1).
     """
     if not is_int(value):
-        raise TypeError(f"{name} must be an int, got {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
     value = int(value)
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}, got {value!r}")
+        raise ArgumentValueError(f"{name} must be {bound}, got {value!r}")
     return value

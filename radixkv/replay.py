@@ -14,6 +14,7 @@ from typing import Callable, Dict, Iterable, Optional, Union
 
 from .cache import PrefixCache
 from .costs import HardwareSpec, ModelSpec
+from .errors import ArgumentValueError
 from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord, other_namespace_pages
 from .traces import Request
 
@@ -114,7 +115,7 @@ def replay(
         ts = request.timestamp
         if ts is not None:
             if last_ts is not None and ts < last_ts:
-                raise ValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
+                raise ArgumentValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
                                  f"{last_ts!r}: replay needs requests in arrival order")
             if first_ts is None:
                 first_ts = ts

@@ -50,7 +50,7 @@ from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
-from .errors import TraceFormatError
+from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .tokenizer import tokenize
 from .traces import TOKEN_DTYPE, Request
 
@@ -121,15 +121,15 @@ def load_sharegpt(
     one conversation since each prompt repeats the history.
     """
     if isinstance(num_sessions, bool) or not isinstance(num_sessions, Integral):
-        raise TypeError(f"num_sessions must be an int, got {num_sessions!r}")
+        raise ArgumentTypeError(f"num_sessions must be an int, got {num_sessions!r}")
     if num_sessions < 1:
-        raise ValueError(f"num_sessions must be >= 1, got {num_sessions!r}")
+        raise ArgumentValueError(f"num_sessions must be >= 1, got {num_sessions!r}")
     if isinstance(request_rate, bool) or not isinstance(request_rate, Real):
-        raise TypeError(f"request_rate must be a number, got {request_rate!r}")
+        raise ArgumentTypeError(f"request_rate must be a number, got {request_rate!r}")
     if not (request_rate > 0 and math.isfinite(request_rate)):
-        raise ValueError(f"request_rate must be finite and > 0, got {request_rate!r}")
+        raise ArgumentValueError(f"request_rate must be finite and > 0, got {request_rate!r}")
     if tokenizer is not None and not callable(tokenizer):
-        raise TypeError(f"tokenizer must be callable, got {tokenizer!r}")
+        raise ArgumentTypeError(f"tokenizer must be callable, got {tokenizer!r}")
     name = os.fspath(path)
     os.stat(name)  # a missing file fails now, not at the first next()
     return _interleave(
@@ -298,13 +298,13 @@ def _encode(tokenizer: Tokenize, text: str) -> np.ndarray:
     try:
         array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
     except TypeError:
-        raise TypeError(f"tokenizer must return an iterable of ints, got {_brief(ids)}") from None
+        raise ArgumentTypeError(f"tokenizer must return an iterable of ints, got {_brief(ids)}") from None
     if array.size == 0:
         return np.zeros(0, dtype=TOKEN_DTYPE)
     if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise TypeError(f"tokenizer must return a 1-D sequence of ints, got {_brief(ids)}")
+        raise ArgumentTypeError(f"tokenizer must return a 1-D sequence of ints, got {_brief(ids)}")
     if array.min() < 0 or array.max() > _MAX_TOKEN_ID:
-        raise ValueError(f"tokenizer returned ids outside [0, 2**32), got {_brief(ids)}")
+        raise ArgumentValueError(f"tokenizer returned ids outside [0, 2**32), got {_brief(ids)}")
     return array.astype(TOKEN_DTYPE, copy=False)
 
 

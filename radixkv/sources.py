@@ -22,7 +22,7 @@ import json
 import os
 from typing import Iterator, Optional
 
-from .errors import TraceFormatError
+from .errors import ArgumentValueError, TraceFormatError
 from .traces import FORMATS, Request, TraceReader
 
 TRACE_FORMATS = FORMATS + ("sharegpt",)
@@ -121,10 +121,10 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
     """
     path = os.fspath(path)
     if format is not None and format not in TRACE_FORMATS:
-        raise ValueError(f"format must be one of {TRACE_FORMATS}, got {format!r}")
+        raise ArgumentValueError(f"format must be one of {TRACE_FORMATS}, got {format!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+        raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
     fmt = format or detect_format(path)
     if fmt == "sharegpt" and skip_bad:
-        raise ValueError(f"{path}: skip_bad is not supported for sharegpt traces")
+        raise ArgumentValueError(f"{path}: skip_bad is not supported for sharegpt traces")
     return Trace(path, fmt, limit, skip_bad, {"num_sessions": num_sessions, "request_rate": request_rate})

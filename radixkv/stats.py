@@ -48,6 +48,7 @@ from typing import Dict, Optional, Union
 import numpy as np
 
 from .costs import HardwareSpec, ModelSpec, get_hardware, get_model, prefill_flops
+from .errors import ArgumentTypeError
 from .traces import TOKEN_DTYPE, Request
 
 MISS_REASONS = ("first_sight", "evicted", "partial_page", "declined", "other_namespace")
@@ -235,9 +236,9 @@ class ReplayStats:
         self.model = get_model(model) if isinstance(model, str) else model
         self.hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(self.model, ModelSpec):
-            raise TypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
+            raise ArgumentTypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
         if not isinstance(self.hardware, HardwareSpec):
-            raise TypeError(f"hardware must be a HardwareSpec or a preset name, got {hardware!r}")
+            raise ArgumentTypeError(f"hardware must be a HardwareSpec or a preset name, got {hardware!r}")
         self.requests = 0
         self.prompt_tokens = 0
         self.hit_tokens = 0

@@ -19,7 +19,7 @@ import numpy as np
 from . import policies
 from .cache import PrefixCache
 from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_ids
-from .errors import RadixKVError
+from .errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from .sources import open_trace
 from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL
@@ -36,12 +36,12 @@ def parse_capacity(text: str) -> int:
     """
     match = _CAPACITY.fullmatch(str(text))
     if match is None:
-        raise ValueError(f"capacity must be a number of blocks like 1000, 10k or 1.5M, got {text!r}")
+        raise ArgumentValueError(f"capacity must be a number of blocks like 1000, 10k or 1.5M, got {text!r}")
     value = float(match.group(1)) * _SUFFIXES[match.group(2).lower()]
     if value != int(value):
-        raise ValueError(f"capacity must be a whole number of blocks, got {text!r} = {value:g}")
+        raise ArgumentValueError(f"capacity must be a whole number of blocks, got {text!r} = {value:g}")
     if value <= 0:
-        raise ValueError(f"capacity must be > 0 blocks, got {text!r}")
+        raise ArgumentValueError(f"capacity must be > 0 blocks, got {text!r}")
     return int(value)
 
 
@@ -49,7 +49,7 @@ def parse_capacities(text: str) -> List[int]:
     """Comma-separated capacities (see :func:`parse_capacity`), in the order given."""
     items = [item for item in str(text).split(",") if item.strip()]
     if not items:
-        raise ValueError(f"capacities must list at least one capacity, got {text!r}")
+        raise ArgumentValueError(f"capacities must list at least one capacity, got {text!r}")
     return [parse_capacity(item) for item in items]
 
 
@@ -58,10 +58,10 @@ def parse_policies(text: str) -> List[str]:
     names = [item.strip() for item in str(text).split(",") if item.strip()]
     known = policies.available(include_aliases=True)
     if not names:
-        raise ValueError(f"policies must list at least one policy, got {text!r}")
+        raise ArgumentValueError(f"policies must list at least one policy, got {text!r}")
     for name in names:
         if name not in known:
-            raise ValueError(f"unknown policy {name!r}; available: {', '.join(known)}")
+            raise ArgumentValueError(f"unknown policy {name!r}; available: {', '.join(known)}")
     return names
 
 
@@ -106,7 +106,7 @@ def run_sweep(jobs: Sequence[SweepJob], processes: int = 1,
     Raises ValueError with the first failing job's message.
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+        raise ArgumentValueError(f"processes must be an int >= 1, got {processes!r}")
     rows: List[Optional[dict]] = [None] * len(jobs)
     if processes == 1 or len(jobs) <= 1:
         outcomes: Iterable = map(_run_job_safely, jobs)
@@ -117,7 +117,7 @@ def run_sweep(jobs: Sequence[SweepJob], processes: int = 1,
     try:
         for i, (row, error) in enumerate(outcomes):
             if error is not None:
-                raise ValueError(error)
+                raise ArgumentValueError(error)
             rows[i] = row
             if on_done is not None:
                 on_done(row)
@@ -145,7 +145,7 @@ def trace_curve(requests: Iterable[Request], page_size: int, capacities: Sequenc
     blocks: dict = {}
     for i, request in enumerate(requests):
         if request.namespace is not None:
-            raise ValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
+            raise ArgumentValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
                              "does not model namespaces (use radixkv sweep)")
         tokens = request.tokens
         if by_blocks:

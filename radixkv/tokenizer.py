@@ -37,6 +37,7 @@ from numbers import Integral
 
 import numpy as np
 
+from .errors import ArgumentTypeError, ArgumentValueError
 from .traces import TOKEN_DTYPE
 
 DEFAULT_VOCAB_SIZE = 128_000
@@ -62,7 +63,7 @@ def split_pieces(text: str) -> list[str]:
         ['Don', "'", 't', 'cache', '-', 'me', '!']
     """
     if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {text!r}")
+        raise ArgumentTypeError(f"text must be a str, got {text!r}")
     return _PIECE.findall(text)
 
 
@@ -74,9 +75,9 @@ def _piece_id(piece: str, vocab_size: int) -> int:
 
 def _check_vocab_size(vocab_size: object) -> int:
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, Integral):
-        raise TypeError(f"vocab_size must be an int, got {vocab_size!r}")
+        raise ArgumentTypeError(f"vocab_size must be an int, got {vocab_size!r}")
     if not 1 <= vocab_size <= _MAX_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be in [1, 2**32], got {vocab_size!r}")
+        raise ArgumentValueError(f"vocab_size must be in [1, 2**32], got {vocab_size!r}")
     return int(vocab_size)
 
 

@@ -19,7 +19,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from .errors import TraceFormatError
+from .errors import ArgumentValueError, TraceFormatError
 
 MOONCAKE_BLOCK_TOKENS = 512
 TOKEN_DTYPE = np.uint32
@@ -68,9 +68,9 @@ class TraceReader:
     def __init__(self, path: str, format: Optional[str] = None, *, limit: Optional[int] = None,
                  skip_bad: bool = False) -> None:
         if format is not None and format not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
+            raise ArgumentValueError(f"format must be one of {FORMATS}, got {format!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+            raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
         self.path = str(path)
         self.format = format
         self.limit = limit

@@ -40,6 +40,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
+from .errors import ArgumentTypeError
 from .keys import check_positive_int
 
 
@@ -114,7 +115,7 @@ class TransferWorker:
         if self._closed:
             raise RuntimeError("TransferWorker is closed")
         if not callable(copy):
-            raise TypeError(f"copy must be callable, got {copy!r}")
+            raise ArgumentTypeError(f"copy must be callable, got {copy!r}")
         transfer = Transfer(self.submitted, on_done, on_error)
         self.submitted += 1
         self._in_flight += 1

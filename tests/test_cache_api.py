@@ -336,6 +336,7 @@ def test_generated_bad_argument_raises_its_type_and_changes_nothing(kind, entry,
         assert not isinstance(info.value, ValueError), repr(info.value)
     else:
         assert not isinstance(info.value, TypeError), repr(info.value)
+    assert isinstance(info.value, RadixKVError), repr(info.value)  # catchable as the library's own
     cache.check()
     assert snapshot(cache) == before
 

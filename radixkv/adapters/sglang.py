@@ -66,7 +66,7 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 import numpy as np
 
 from ..cache import NodeHandle, PrefixCache
-from ..errors import InvalidBlocksError
+from ..errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError
 from ..events import KVCacheEvent
 from ..keys import check_positive_int
 
@@ -108,7 +108,7 @@ class _RadixKey:
 
     def __getitem__(self, index: slice) -> "_RadixKey":
         if not isinstance(index, slice):
-            raise TypeError(f"RadixKey supports slicing only, got {index!r}")
+            raise ArgumentTypeError(f"RadixKey supports slicing only, got {index!r}")
         return _RadixKey(self.raw_token_ids()[index], self.extra_key, cache_salt=self.cache_salt)
 
     def __repr__(self) -> str:
@@ -335,7 +335,7 @@ def _to_numpy(indices: Any) -> np.ndarray:
     if arr.ndim != 1:
         raise InvalidBlocksError(f"kv indices must be 1-D, got shape {arr.shape}")
     if arr.size and (arr.dtype.kind not in "iu" or arr.dtype == np.bool_):
-        raise TypeError(f"kv indices must be integers, got dtype {arr.dtype}")
+        raise ArgumentTypeError(f"kv indices must be integers, got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
 
@@ -377,7 +377,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         if num_pages is None:
             size = getattr(token_to_kv_pool_allocator, "size", None)
             if size is None:
-                raise ValueError("num_pages is required when token_to_kv_pool_allocator has no .size")
+                raise ArgumentValueError("num_pages is required when token_to_kv_pool_allocator has no .size")
             num_pages = int(size) // page_size + 1
         num_pages = check_positive_int(num_pages, "num_pages")
         self.req_to_token_pool = req_to_token_pool
@@ -405,7 +405,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         go to the constructor (``eviction_policy``, ``num_pages``).
         """
         if getattr(params, "is_eagle", False):
-            raise ValueError("RadixKVCache does not support EAGLE bigram keys (params.is_eagle=True)")
+            raise ArgumentValueError("RadixKVCache does not support EAGLE bigram keys (params.is_eagle=True)")
         return cls(params.req_to_token_pool, params.token_to_kv_pool_allocator, params.page_size,
                    enable_kv_cache_events=bool(getattr(params, "enable_kv_cache_events", False)),
                    disable=bool(params.disable), **kwargs)
@@ -439,7 +439,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
     def _key(key: Any) -> Tuple[Any, Optional[str]]:
         """(tokens, namespace) of a ``RadixKey``."""
         if getattr(key, "is_bigram", False):
-            raise ValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
+            raise ArgumentValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
         raw = getattr(key, "raw_token_ids", None)
         tokens = raw() if raw is not None else key.token_ids
         return tokens, _namespace(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
@@ -465,10 +465,10 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         """Insert ``key``'s full pages held in slots ``value``: (tokens present, tokens, namespace, full tokens)."""
         tokens, namespace = self._key(key)
         if value is None:
-            raise ValueError("insert needs value (the kv slot indices of key's tokens), got None")
+            raise ArgumentValueError("insert needs value (the kv slot indices of key's tokens), got None")
         slots = _to_numpy(value)
         if len(slots) < len(tokens):
-            raise ValueError(f"value must hold one slot per token ({len(tokens)}), got {len(slots)}")
+            raise ArgumentValueError(f"value must hold one slot per token ({len(tokens)}), got {len(slots)}")
         n = len(tokens) // self.page_size * self.page_size
         if self.disable:
             return 0, tokens, namespace, n
@@ -583,7 +583,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         allocator free.
         """
         if not hasattr(params, "num_tokens"):
-            raise TypeError(f"params must be an EvictParams (with num_tokens), got {params!r}")
+            raise ArgumentTypeError(f"params must be an EvictParams (with num_tokens), got {params!r}")
         num_tokens = check_positive_int(params.num_tokens, "params.num_tokens", allow_zero=True)
         if self.disable or num_tokens == 0:
             return EvictResult()

@@ -25,6 +25,7 @@ from typing import Hashable, List, Optional, Sequence, Union
 import numpy as np
 
 from ..cache import PrefixCache
+from ..errors import ArgumentTypeError, ArgumentValueError
 from ..hashing import BlockHash
 
 
@@ -40,9 +41,9 @@ class VLLMBlockView:
 
     def __init__(self, cache: PrefixCache) -> None:
         if not isinstance(cache, PrefixCache):
-            raise TypeError(f"cache must be a PrefixCache, got {cache!r}")
+            raise ArgumentTypeError(f"cache must be a PrefixCache, got {cache!r}")
         if cache.event_log is None:
-            raise ValueError("VLLMBlockView needs a cache created with enable_events=True (it keeps the hash index)")
+            raise ArgumentValueError("VLLMBlockView needs a cache created with enable_events=True (it keeps the hash index)")
         self._cache = cache
         self._log = cache.event_log
 
@@ -59,7 +60,7 @@ class VLLMBlockView:
     def get_cached_block(self, block_hash: BlockHash) -> Optional[int]:
         """The block caching the page with this hash, or ``None``. O(1)."""
         if not isinstance(block_hash, (bytes, bytearray)):
-            raise TypeError(f"block_hash must be the full hash bytes, got {block_hash!r}")
+            raise ArgumentTypeError(f"block_hash must be the full hash bytes, got {block_hash!r}")
         return self._log.lookup(bytes(block_hash))
 
     def __contains__(self, block_hash: object) -> bool:

@@ -41,6 +41,7 @@ import numpy as np
 from .. import policies as _policies
 from ..cache import Admission, PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
+from ..errors import ArgumentTypeError
 from ..events import TIER_MEDIUM
 from ..keys import TokensLike, is_int
 from ..tree import Node
@@ -158,14 +159,14 @@ class TieredCache(PrefixCache):
         if load_back not in LOAD_BACK:
             raise TierConfigError(f"load_back must be one of {', '.join(LOAD_BACK)}, got {load_back!r}")
         if not is_int(write_through_threshold):
-            raise TypeError(f"write_through_threshold must be an int, got {write_through_threshold!r}")
+            raise ArgumentTypeError(f"write_through_threshold must be an int, got {write_through_threshold!r}")
         if write_through_threshold < 1:
             raise TierConfigError(f"write_through_threshold must be >= 1, got {write_through_threshold!r}")
         tiers = list(tiers)
         names = set()
         for tier in tiers:
             if not isinstance(tier, Tier):
-                raise TypeError(f"tiers must hold Tier instances (HostTier, RemoteTier, ...), got {tier!r}")
+                raise ArgumentTypeError(f"tiers must hold Tier instances (HostTier, RemoteTier, ...), got {tier!r}")
             if tier.name in names:
                 raise TierConfigError(f"two tiers are named {tier.name!r}")
             if getattr(tier, "_owner", None) is not None:
@@ -175,7 +176,7 @@ class TieredCache(PrefixCache):
         if cost_model is None:
             cost_model = default_cost_model(self.page_size)
         elif not isinstance(cost_model, CostModel):
-            raise TypeError(f"cost_model must be a CostModel, got {cost_model!r}")
+            raise ArgumentTypeError(f"cost_model must be a CostModel, got {cost_model!r}")
         elif cost_model.page_size != self.page_size:
             raise TierConfigError(f"cost_model.page_size must equal page_size={self.page_size}, "
                                   f"got {cost_model.page_size!r}")

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
 import numpy as np
 
 from .. import policies as _policies
+from ..errors import ArgumentTypeError
 from ..pool import BlockPool
 from .base import SLOT_DTYPE, Tier, check_capacity
 
@@ -108,7 +109,7 @@ class RemoteTier(Tier):
         if backend is None:
             backend = SimulatedHosts(num_hosts)
         elif not all(hasattr(backend, m) for m in ("put", "get", "delete", "num_hosts")):
-            raise TypeError(f"backend must provide num_hosts, put, get and delete, got {backend!r}")
+            raise ArgumentTypeError(f"backend must provide num_hosts, put, get and delete, got {backend!r}")
         self.backend = backend
         self.num_hosts = check_capacity(backend.num_hosts, "num_hosts")
         self._pools = [BlockPool(self.blocks_per_host, 1) for _ in range(self.num_hosts)]
