@@ -2,8 +2,10 @@
 
 A tier stores pages below HBM. It hands out *slots* (int64 ids, one per
 page), stores and returns page payloads by slot, and ranks the spill-tree
-nodes it holds with its own eviction policy (any registered one) in its own
-victim queue. It never decides where pages go next: the
+nodes it holds with its own eviction policy (any registered online one; an
+offline policy such as ``belady`` is refused, see :class:`Tier`) in its own
+victim queue, under the same hook contract as HBM's (``on_victim``,
+``on_evict``, ``on_remove``). It never decides where pages go next: the
 :class:`~radixkv.tiers.stack.TierStack` reserves slots, evicts (demoting to
 the next tier or dropping) and records transfers. Payload integrity is the
 stack's job too: it computes a checksum when a page leaves HBM and verifies
@@ -60,15 +62,19 @@ class Copy:
         slots: one slot id per page.
         sums: CRC-32 of each page's payload bytes, or ``None`` when the cache keeps no payload.
         stamp: the tier-clock value the node entered its tier with (kept when it cascades).
+        blockers: children that keep the node in its tier (the stack maintains it): a
+            child blocks unless it is a copy in a *later* tier. Only unblocked nodes are
+            victims, as only leaves are in HBM, so leaving a tier never strands a copy.
     """
 
-    __slots__ = ("tier", "slots", "sums", "stamp")
+    __slots__ = ("tier", "slots", "sums", "stamp", "blockers")
 
     def __init__(self, tier: "Tier", slots: np.ndarray, sums: Optional[np.ndarray], stamp: int) -> None:
         self.tier = tier
         self.slots = slots
         self.sums = sums
         self.stamp = stamp
+        self.blockers = 0
 
     def split(self, pages: int) -> Tuple["Copy", "Copy"]:
         """The copies of the first ``pages`` pages and of the rest."""
@@ -123,7 +129,11 @@ class Tier:
 
     Args:
         name: tier name; it must name a path in the cost model (``"host"``, ``"remote"``, ...).
-        policy: eviction policy name or instance ranking this tier's nodes.
+        policy: eviction policy name or instance ranking this tier's nodes. Offline
+            policies (``belady``) raise :class:`TierConfigError`: their future is indexed
+            by the engine's request clock, while a tier sees pages only after HBM let them
+            go, on a clock of its own, and never consults ``admit`` (bypass). Use belady
+            for HBM over online tiers.
     """
 
     kind = "tier"
@@ -133,6 +143,9 @@ class Tier:
             raise TierConfigError(f"tier name must be a non-empty string other than 'hbm', got {name!r}")
         self.name = name
         self.policy = _policies.create(policy)
+        if self.policy.offline:
+            raise TierConfigError(f"a lower tier needs an online policy; {self.policy.name!r} is offline "
+                                  f"(it ranks by the future of HBM's requests), got policy={policy!r}")
         self.victims: VictimQueue = TierQueue()
         self.used = 0
         """Slots holding a page. O(1)."""

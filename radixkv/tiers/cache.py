@@ -201,7 +201,8 @@ class TieredCache(PrefixCache):
         self._unwritten = np.zeros(self.num_blocks, dtype=bool)
         self._open_writes = 0  # open admissions with new pages (0: skip every _unwritten lookup)
         self._stack = TierStack(tiers, self.page_size, data is not None,
-                                TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes)
+                                TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes,
+                                leaves_first=self._exclusive)
         self._zero_stats()
 
     def _zero_stats(self) -> None:

@@ -15,6 +15,24 @@ making room in tier ``i`` evicts its lowest-ranked pages, which cascade to
 tier ``i + 1`` keeping their rank, or are dropped from the last tier.
 :meth:`TierStack.lookup` and :meth:`TierStack.fetch` find and read the pages
 that continue a match below HBM, verifying each page's checksum.
+
+Victims, under write-back (``leaves_first``), are as in HBM the nodes whose
+leaving strands nothing: a node is in its tier's victim queue only while
+every child is a copy in a *later* tier (``Copy.blockers`` counts the
+others), so the last tier evicts only leaves and a tier demotes a node only
+after its descendants in that tier went first. There a page is in HBM or
+below, so a lower-tier hit, which needs the whole prefix, goes through the
+ancestor's copy: evicting it before its deeper copies (gdsf ranks shallow
+pages cheap; FIFO-like policies rank by arrival) would leave them resident
+and unreachable. Under write-through the lower tiers back HBM up and an
+ancestor's copy is usually redundant with its HBM page, so every copy stays
+a victim (with LRU, the ancestor's copy goes first and its deeper copies,
+which HBM evicted first, are what the tier serves). The victim loop
+follows :meth:`~radixkv.cache.PrefixCache._evict`'s contract with the
+tier's policy: ``on_victim`` (0 spares the node: re-rank and look again;
+``k`` lets only ``k`` tail pages go), ``on_evict`` with the victim's
+priority, then the pages leave (``on_split`` for the part that stays,
+``on_remove`` for the part that goes).
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import policies as _policies
 from ..tree import Node, RadixTree
 from .base import IN_FLIGHT, Copy, Tier, checksums
 from .transfers import HBM, TransferLedger
@@ -41,11 +60,13 @@ class TierStack:
         has_payload: pages carry payload bytes (checksummed).
         ledger: where transfers are charged.
         page_bytes: bytes charged per page moved.
+        leaves_first: only nodes with no blocking child are victims (write-back; see the module doc).
     """
 
     def __init__(self, tiers: Sequence[Tier], page_size: int, has_payload: bool,
-                 ledger: TransferLedger, page_bytes: int) -> None:
+                 ledger: TransferLedger, page_bytes: int, leaves_first: bool = True) -> None:
         self.tiers: List[Tier] = list(tiers)
+        self.leaves_first = leaves_first
         self._index = {id(t): i for i, t in enumerate(self.tiers)}
         self.tree = RadixTree(page_size)
         self.has_payload = has_payload
@@ -66,11 +87,40 @@ class TierStack:
 
     # ------------------------------------------------------------------ tree surgery
     def _rank(self, node: Node) -> None:
-        tier = node.ext.tier
-        tier.victims.push(node, (tier.policy.priority(node), -node.end))
+        """(Re-)queue resident ``node`` in its tier if nothing blocks it, else take it out."""
+        copy = node.ext
+        tier = copy.tier
+        if copy.blockers and self.leaves_first:
+            tier.victims.discard(node)
+        else:
+            tier.victims.push(node, (tier.policy.priority(node), -node.end))
+
+    def _blocks(self, child: Node, level: int) -> bool:
+        """Whether ``child`` keeps its parent, a copy in tier ``level``, from leaving it."""
+        ext = child.ext
+        return not (isinstance(ext, Copy) and self._index[id(ext.tier)] > level)
+
+    def _set_ext(self, node: Node, ext) -> None:
+        """Change ``node``'s residency, updating its parent's blockers (and queue entry). O(1)."""
+        parent = node.parent
+        up = parent.ext
+        if not isinstance(up, Copy):
+            node.ext = ext
+            return
+        level = self._index[id(up.tier)]
+        was = self._blocks(node, level)
+        node.ext = ext
+        now = self._blocks(node, level)
+        if was != now:
+            up.blockers += 1 if now else -1
+            self._rank(parent)
 
     def _assign(self, node: Node, tier: Tier, slots: np.ndarray, sums: Optional[np.ndarray], stamp: int) -> None:
-        node.ext = Copy(tier, slots, sums, stamp)
+        copy = Copy(tier, slots, sums, stamp)
+        if node.children:
+            level = self._index[id(tier)]
+            copy.blockers = sum(self._blocks(c, level) for c in node.children.values())
+        self._set_ext(node, copy)
         tier.policy.on_insert(node, stamp)
         self._rank(node)
         tier.on_assign(node)
@@ -82,7 +132,7 @@ class TierStack:
         tier.on_release(node)
         tier.victims.discard(node)
         tier.policy.on_remove(node)
-        node.ext = IN_FLIGHT
+        self._set_ext(node, IN_FLIGHT)
         return copy
 
     def _split(self, node: Node, pages: int) -> Node:
@@ -91,6 +141,8 @@ class TierStack:
         upper = self.tree.split(node, pages)
         if isinstance(copy, Copy):
             upper.ext, node.ext = copy.split(pages)
+            upper.ext.blockers = 1  # its one child, ``node``, is in the same tier
+            node.ext.blockers = copy.blockers
             copy.tier.policy.on_split(upper, node)
             self._rank(upper)
             self._rank(node)
@@ -100,16 +152,29 @@ class TierStack:
             upper.ext = copy
         return upper
 
+    def _add_leaf(self, parent: Node, key: bytes, num_pages: int) -> Node:
+        """A new placeholder child of ``parent`` (it blocks ``parent`` if that is a copy)."""
+        leaf = self.tree.add_leaf(parent, key, _zeros(num_pages))
+        up = parent.ext
+        if isinstance(up, Copy):
+            up.blockers += 1
+            self._rank(parent)
+        return leaf
+
     def _gc(self, node: Node) -> None:
         """Remove ``node`` and its ancestors while they are childless placeholders."""
         tree = self.tree
         while node.parent is not None and node.ext is None and node.children is None:
             parent = node.parent
             tree.truncate(node, node.num_pages)
+            up = parent.ext
+            if isinstance(up, Copy):  # a placeholder blocked it
+                up.blockers -= 1
+                self._rank(parent)
             node = parent
 
     def _drop(self, node: Node) -> None:
-        node.ext = None
+        self._set_ext(node, None)
         self._gc(node)
 
     # ------------------------------------------------------------------ reads
@@ -191,7 +256,7 @@ class TierStack:
                 self.integrity_misses += int(np.count_nonzero(~ok & ~gone))
                 upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
                 tier.give(self._release(use).slots)
-                use.ext = None
+                self._set_ext(use, None)
                 released.append(use)
                 if upper is None:
                     break
@@ -204,7 +269,7 @@ class TierStack:
             got += good
             if exclusive:
                 tier.give(self._release(use).slots)
-                use.ext = None
+                self._set_ext(use, None)
                 released.append(use)
             if good < want:
                 break
@@ -258,9 +323,9 @@ class TierStack:
             self._split(existing[0], start - existing[0].start)
         if pos < end:
             if pos < start:
-                node = tree.add_leaf(node, data[pos * pb: start * pb], _zeros(start - pos))
+                node = self._add_leaf(node, data[pos * pb: start * pb], start - pos)
                 pos = start
-            existing.append(tree.add_leaf(node, data[pos * pb: end * pb], _zeros(end - pos)))
+            existing.append(self._add_leaf(node, data[pos * pb: end * pb], end - pos))
         return existing
 
     def put(self, key: Hashable, data: bytes, start: int, end: int, pages: Optional[np.ndarray],
@@ -278,7 +343,7 @@ class TierStack:
         self.tick += 1
         nodes = [n for n in self._carve(key, data, start, end) if n.ext is None]
         for n in nodes:
-            n.ext = IN_FLIGHT
+            self._set_ext(n, IN_FLIGHT)
         sums = checksums(pages) if pages is not None and self.has_payload else None
         self._place(0, nodes, pages, sums, start, self.tick, src)
         self._sweep_lost()
@@ -343,19 +408,43 @@ class TierStack:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def evict(self, i: int, n: int) -> int:
-        """Move the ``n`` lowest-ranked pages of tier ``i`` down a tier (or drop them); return pages moved."""
-        victims = self.tiers[i].victims
+        """Move the ``n`` lowest-ranked pages of tier ``i`` down a tier (or drop them); return pages moved.
+
+        The contract of :meth:`PrefixCache._evict <radixkv.cache.PrefixCache._evict>`: the tier's
+        policy sees ``on_victim`` (0 spares the node, which is re-ranked; ``k`` lets ``k`` tail
+        pages go), then ``on_evict`` with the victim's priority; the evicted tail is split off
+        (``on_split``) and leaves (``on_remove``). Cost: O(log n) per victim, amortized.
+        """
+        tier = self.tiers[i]
+        victims, policy = tier.victims, tier.policy
+        on_victim = policy.on_victim
+        on_evict = policy.on_evict if type(policy).on_evict is not _policies.EvictionPolicy.on_evict else None
         moved = 0
         while moved < n:
-            node = victims.peek()
+            node, run = self._next_victim(victims, on_victim)
             if node is None:
                 break
-            k = min(node.num_pages, n - moved)
+            k = min(run, n - moved)
+            if on_evict is not None:
+                on_evict(node, victims.peek_key()[0])
             if k < node.num_pages:
                 self._split(node, node.num_pages - k)
             self.demote(i, node)
             moved += k
         return moved
+
+    def _next_victim(self, victims, on_victim) -> Tuple[Optional[Node], int]:
+        """The queue's next victim and how many of its tail pages may go at its rank (``None, 0``: empty)."""
+        while True:
+            node = victims.peek()
+            if node is None:
+                return None, 0
+            if on_victim is None:
+                return node, node.num_pages
+            run = on_victim(node)
+            if run > 0:
+                return node, min(run, node.num_pages)
+            self._rank(node)  # spared: the policy raised its rank, look again
 
     def demote(self, i: int, node: Node) -> None:
         """Move every page of ``node`` (held in tier ``i``) to the tiers below, or drop it from the last."""
@@ -388,10 +477,10 @@ class TierStack:
                 self.forget_lost(tier)
 
     def forget_lost(self, tier: Tier) -> int:
-        """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(tier nodes)."""
+        """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(spill nodes)."""
         forgotten = 0
-        for _, node in list(tier.victims.entries()):
-            if node.gen < 0 or not isinstance(node.ext, Copy):
+        for node in list(self.tree.nodes()):
+            if node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier is not tier:
                 continue
             lost = tier.lost_slots(node.ext.slots)
             if not lost.any():
@@ -418,6 +507,9 @@ class TierStack:
                 continue
             assert isinstance(ext, Copy), f"{node} has residency {ext!r}"
             assert id(ext.tier) in resident, f"{node} resident in a tier not in the stack: {ext.tier!r}"
+            level = self._index[id(ext.tier)]
+            blockers = sum(self._blocks(c, level) for c in node.children.values()) if node.children else 0
+            assert ext.blockers == blockers, f"{node} counts {ext.blockers} blocking children, has {blockers}"
             assert len(ext.slots) == node.num_pages, f"{node} has {len(ext.slots)} slots"
             if self.has_payload:
                 assert ext.sums is not None and len(ext.sums) == node.num_pages, f"{node} lacks checksums"
@@ -429,7 +521,8 @@ class TierStack:
             assert len(slots) == tier.used, f"{tier.name}: {tier.used} slots used, tree holds {len(slots)} pages"
             live = {id(n): (k, n) for k, n in tier.victims.entries()}
             assert len(live) == len(tier.victims), f"{tier.name}: victim queue count drifted"
-            assert set(live) == {id(n) for n in nodes}, f"{tier.name}: victim queue differs from resident nodes"
+            assert set(live) == {id(n) for n in nodes if not (n.ext.blockers and self.leaves_first)}, (
+                f"{tier.name}: victim queue differs from its victim-eligible resident nodes")
             for k, n in live.values():
                 assert k == (tier.policy.priority(n), -n.end), f"{tier.name}: {n} queued at {k}"
             tier.check()
