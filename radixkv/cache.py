@@ -195,6 +195,7 @@ class PrefixCache:
         self.declined_blocks = 0
         """New pages the policy declined to cache (admission control; monotonic)."""
         self._pins: dict = {}  # pinned node -> pin count; each pin holds one lock on the path
+        self._locks: dict = {}  # node -> locks taken by lock() and not yet undone by unlock()
         self._admitted: dict = {}  # node -> unreleased admissions holding it; each holds one lock
         self._expiry: dict = {}  # node -> clock value after which its retention falls to 0
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
@@ -269,7 +270,9 @@ class PrefixCache:
     # ------------------------------------------------------------------ locks
     def lock(self, handle: NodeHandle) -> None:
         """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth)."""
-        self._lock_node(self._resolve(handle))
+        node = self._resolve(handle)
+        self._lock_node(node)
+        self._locks[node] = self._locks.get(node, 0) + 1
 
     def unlock(self, handle: NodeHandle) -> None:
         """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` (cache unchanged) if it holds none.
@@ -278,7 +281,13 @@ class PrefixCache:
         :meth:`unpin` and an admission's by :meth:`Admission.release`, never
         here, so an unlock cannot leave them to unlock a second time. O(depth).
         """
-        self._unlock_node(self._unlockable(handle))
+        node = self._unlockable(handle)
+        count = self._locks[node] - 1
+        if count:
+            self._locks[node] = count
+        else:
+            del self._locks[node]
+        self._unlock_node(node)
 
     def pin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
         """Keep the longest cached page prefix of ``tokens`` resident until :meth:`unpin`.
@@ -534,8 +543,14 @@ class PrefixCache:
             assert node.alive and node.retention > 0, f"{node} has an expiry but retention {node.retention}"
         for node, count in self._admitted.items():
             assert node.alive and count > 0, f"admitted node {node} is gone or holds {count} admissions"
-            assert node.lock_ref >= count + self._pins.get(node, 0), (
-                f"admitted node {node} has lock_ref {node.lock_ref} < {count} admissions + pins")
+        for node, count in self._locks.items():
+            assert node.alive and count > 0, f"locked node {node} is gone or holds {count} locks"
+        roots = (root for _, root in self._tree.roots())
+        for node in itertools.chain(roots, self._tree.nodes()):  # a lock on a node is one on every node above it
+            own = self._locks.get(node, 0) + self._pins.get(node, 0) + self._admitted.get(node, 0)
+            below = sum(c.lock_ref for c in node.children.values()) if node.children else 0
+            assert node.lock_ref == own + below, (
+                f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
         if self._events is not None:
             self._events.check()
 
@@ -776,15 +791,11 @@ class PrefixCache:
     def _unlockable(self, handle: NodeHandle) -> Node:
         """The node of ``handle`` if :meth:`unlock` may undo one of its locks, else raise (nothing changed).
 
-        A node's own locks are its ``lock_ref`` less its children's (they lock the
-        path through it), its pins and its unreleased admissions. O(children).
+        :meth:`lock` counts its locks per node (pins and admissions keep their own
+        counts), so this is O(1) however many children the node has.
         """
         node = self._resolve(handle)
-        own = node.lock_ref - (sum(c.lock_ref for c in node.children.values()) if node.children else 0)
-        if self._pins:
-            own -= self._pins.get(node, 0)
-        own -= self._admitted.get(node, 0)
-        if own <= 0:
+        if self._locks.get(node, 0) <= 0:
             raise LockError(f"unlock of {handle!r}, which holds no lock taken by lock() "
                             "(an admission's lock is given up by Admission.release, a pin's by unpin)")
         return node
