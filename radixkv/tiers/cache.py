@@ -110,9 +110,12 @@ class _TieredAdmission(Admission):
         self._start = start
 
     def release(self) -> None:
-        if not self._released:
+        if self._released:
+            return
+        try:
             self._cache._written(self)
-        super().release()
+        finally:  # the lock goes whatever the copy-down did
+            super().release()
 
 
 class TieredCache(PrefixCache):

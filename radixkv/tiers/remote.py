@@ -8,10 +8,16 @@ server per host. A backend that raises :class:`HostDown` marks its host dead:
 every page on it becomes a miss and the stack forgets those copies. A backend
 that refuses single writes (a server out of memory) reports them from
 :meth:`RemoteBackend.put`: only those pages are dropped, the host stays live.
+Any other exception from a backend fails that one call the same way (its
+writes dropped, its reads missed; the host stays live) and is counted in
+:attr:`RemoteTier.backend_errors`, the first one with a ``RuntimeWarning``:
+a broken backend costs recomputes, never an exception out of the cache's
+calls or a half-made eviction.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple, Union
 
 import numpy as np
@@ -38,8 +44,9 @@ class RemoteBackend(Protocol):
     Every method may raise :class:`HostDown` for ``host`` (it does not answer).
     ``put`` returns ``None`` when every value was stored, else one bool per
     slot (``False``: the host refused that write; its copy is dropped). Any
-    other exception escapes to the caller. Batched: one call per host per
-    transfer (Redis pipelines it into one round trip).
+    other exception fails the call like a refusal (see the module docstring).
+    Batched: one call per host per transfer (Redis pipelines it into one
+    round trip).
     """
 
     num_hosts: int
@@ -117,6 +124,10 @@ class RemoteTier(Tier):
         self._newly_lost = False
         self.lost_hosts: List[int] = []
         """Hosts found dead, in the order they were found."""
+        self.backend_errors = 0
+        """Backend calls that raised something other than :class:`HostDown` (monotonic)."""
+        self.last_backend_error: Optional[BaseException] = None
+        """The latest of those exceptions, for diagnosis."""
 
     @property
     def capacity(self) -> int:
@@ -194,6 +205,13 @@ class RemoteTier(Tier):
             result = fn(*args)
         except HostDown:
             self._mark_dead(host)
+            return None
+        except Exception as exc:  # a backend bug or server error: this call fails, the cache goes on
+            self.backend_errors += 1
+            self.last_backend_error = exc
+            if self.backend_errors == 1:
+                warnings.warn(f"{self.name}: backend {fn.__name__} failed ({exc!r}); its pages count as "
+                              "misses (RemoteTier.backend_errors counts these)", RuntimeWarning, stacklevel=2)
             return None
         return True if result is None else result
 
