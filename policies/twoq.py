@@ -97,7 +97,7 @@ class TwoQ(EvictionPolicy):
         self._solved_at = 0
         self._ghost: "OrderedDict[Tuple[int, bytes], Tuple[int, int, int]]" = OrderedDict()
         self._page_bytes = TOKEN_BYTES
-        self._pending: Tuple[Optional[Node], int] = (None, 0)  # (parent, boundary) from admit
+        self._pending: Tuple[Optional[Node], int, int] = (None, 0, -1)  # (parent, boundary, now) from admit
         self._evicting_end = 0
 
     def attach(self, cache: "PrefixCache") -> None:
@@ -136,13 +136,13 @@ class TwoQ(EvictionPolicy):
             if was == _PROTECTED:
                 self._observe(now - last, run_pages)
             end += run_pages
-        self._pending = (node_parent, end)
+        self._pending = (node_parent, end, now)
         return num_pages
 
     def on_insert(self, node: Node, now: int) -> None:
-        parent, boundary = self._pending
-        self._pending = (None, 0)
-        if parent is not node.parent:  # inserted without an admission check (e.g. a tier load-back)
+        parent, boundary, when = self._pending
+        self._pending = (None, 0, -1)
+        if parent is not node.parent or when != now:  # not this admission's pages (e.g. a tier load-back)
             boundary = node.start
         protected = now + self.window
         node.policy_state = (protected, now, boundary, _PROTECTED, _PROBATION, now)

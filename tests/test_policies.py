@@ -135,6 +135,20 @@ def test_2q_protects_only_the_pages_the_ghost_recognizes():
     assert sorted(k[1] for k in cached_pages(cache)) == [(1,), (1, 2), (13,), (13, 14), (15,), (15, 16)]
 
 
+def test_2q_uses_an_admission_check_only_for_that_admissions_pages():
+    policy = TwoQ(solve_every=1000)
+    cache = PrefixCache(num_blocks=8, page_size=1, policy=policy)
+    policy.window = 100
+    cache.admit([1, 2]).release()
+    leaf = cache.match([1, 2]).node._node
+    policy._ghost[(0, np.array([1], dtype=np.uint32).tobytes())] = (1, 0, 2)  # a protected run came back
+    policy.admit(leaf.parent, 2, 5, memoryview(np.array([1, 2], dtype=np.uint32).tobytes()))
+    # that admission cached nothing (no room); a later insert under the same parent (a tier
+    # load-back) must not inherit its ghost boundary: probationary, deadline = its last use
+    policy.on_insert(leaf, 6)
+    assert policy.priority(leaf) == 6
+
+
 def test_2q_window_is_the_quantile_of_protected_reuse_gaps():
     policy = TwoQ(solve_every=1)
     cache = PrefixCache(num_blocks=64, page_size=1, policy=policy)
