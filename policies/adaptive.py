@@ -49,7 +49,7 @@ from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, tail_past
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -215,10 +215,7 @@ class AdaptiveRetention(EvictionPolicy):
             upper.policy_state = (last, head, head, upper.end, run_end, dh, dh)
 
     def on_victim(self, node: Node) -> int:
-        boundary = node.policy_state[3]
-        if node.start < boundary < node.end:
-            return node.end - boundary  # the fresh tail goes at its own rank
-        return node.num_pages
+        return tail_past(node, node.policy_state[3])  # the fresh tail goes at its own rank
 
     def on_evict(self, node: Node, priority: object) -> None:
         self._evicting_end = node.end

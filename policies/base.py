@@ -95,3 +95,12 @@ class EvictionPolicy:
     def priority(self, node: Node) -> Any:
         """Rank of ``node`` among evictable leaves; lowest is evicted first. Must be cheap."""
         raise NotImplementedError
+
+
+def tail_past(node: Node, boundary: int) -> int:
+    """Tail pages of ``node`` deeper than ``boundary`` (every page when the boundary is not inside it).
+
+    For :meth:`EvictionPolicy.on_victim` of policies whose leaves hold two
+    classes of pages: the deeper class goes first, at its own rank.
+    """
+    return node.end - boundary if node.start < boundary < node.end else node.num_pages

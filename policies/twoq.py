@@ -54,7 +54,7 @@ from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, tail_past
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -162,10 +162,7 @@ class TwoQ(EvictionPolicy):
         return state[1] if node.end > state[2] else state[0]
 
     def on_victim(self, node: Node) -> int:
-        boundary = node.policy_state[2]
-        if node.start < boundary < node.end:
-            return node.end - boundary  # the probationary tail goes at its own rank
-        return node.num_pages
+        return tail_past(node, node.policy_state[2])  # the probationary tail goes at its own rank
 
     def on_evict(self, node: Node, priority: object) -> None:
         self._evicting_end = node.end
