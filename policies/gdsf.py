@@ -63,7 +63,7 @@ class GDSF(EvictionPolicy):
                 get_model(DEFAULT_MODEL), get_hardware(DEFAULT_HARDWARE), cache.page_size)
         if self.cost_model.page_size != cache.page_size:
             raise ArgumentValueError(f"cost_model page_size {self.cost_model.page_size} differs from the "
-                             f"cache's page_size, got {cache.page_size!r}")
+                                     f"cache's page_size, got {cache.page_size!r}")
 
     def restore_seconds(self, node: Node, page_index: int) -> float:
         """Seconds to restore page ``page_index`` (depth from the root) of ``node``. O(copies)."""

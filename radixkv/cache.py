@@ -20,7 +20,8 @@ from typing import Any, List, Optional, Sequence, Union
 import numpy as np
 
 from . import policies as _policies
-from .errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError
+from .errors import (
+    ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError)
 from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
@@ -492,7 +493,7 @@ class PrefixCache:
         # same_kind allows int -> float and float64 -> float16, not complex -> real or float -> int.
         if not np.can_cast(values.dtype, payload.dtype, casting="same_kind"):
             raise ArgumentTypeError(f"data must be castable to the payload dtype {payload.dtype} "
-                            f"(same_kind), got dtype {values.dtype}")
+                                    f"(same_kind), got dtype {values.dtype}")
         if values.shape != expected:
             raise ArgumentValueError(f"data must have shape {expected}, got {values.shape}")
         payload[arr] = values
@@ -546,7 +547,7 @@ class PrefixCache:
         for node, count in self._locks.items():
             assert node.alive and count > 0, f"locked node {node} is gone or holds {count} locks"
         roots = (root for _, root in self._tree.roots())
-        for node in itertools.chain(roots, self._tree.nodes()):  # a lock on a node is one on every node above it
+        for node in itertools.chain(roots, self._tree.nodes()):  # a lock on a node locks every node above it
             own = self._locks.get(node, 0) + self._pins.get(node, 0) + self._admitted.get(node, 0)
             below = sum(c.lock_ref for c in node.children.values()) if node.children else 0
             assert node.lock_ref == own + below, (

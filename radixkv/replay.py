@@ -116,7 +116,7 @@ def replay(
         if ts is not None:
             if last_ts is not None and ts < last_ts:
                 raise ArgumentValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
-                                 f"{last_ts!r}: replay needs requests in arrival order")
+                                         f"{last_ts!r}: replay needs requests in arrival order")
             if first_ts is None:
                 first_ts = ts
             last_ts = ts

@@ -146,7 +146,7 @@ def trace_curve(requests: Iterable[Request], page_size: int, capacities: Sequenc
     for i, request in enumerate(requests):
         if request.namespace is not None:
             raise ArgumentValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
-                             "does not model namespaces (use radixkv sweep)")
+                                     "does not model namespaces (use radixkv sweep)")
         tokens = request.tokens
         if by_blocks:
             parent, block_ids = -1, []

@@ -43,7 +43,8 @@ class VLLMBlockView:
         if not isinstance(cache, PrefixCache):
             raise ArgumentTypeError(f"cache must be a PrefixCache, got {cache!r}")
         if cache.event_log is None:
-            raise ArgumentValueError("VLLMBlockView needs a cache created with enable_events=True (it keeps the hash index)")
+            raise ArgumentValueError(
+                "VLLMBlockView needs a cache created with enable_events=True (it keeps the hash index)")
         self._cache = cache
         self._log = cache.event_log
 
