@@ -37,7 +37,7 @@ from radixkv.adapters.sglang import (  # noqa: E402
     SGLANG_BASE, EvictParams, EvictResult, IncLockRefResult, InsertParams, LegacyMatchResult,
     MatchPrefixParams, MatchResult, RadixKey, RadixKVCache)
 from radixkv.errors import InvalidBlocksError  # noqa: E402
-from radixkv.events import BlockRemoved, BlockStored  # noqa: E402
+import radixkv.events  # noqa: E402
 
 if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
     import torch
@@ -187,9 +187,11 @@ class FakeEngine:
             assert self.kv.get(slot) == (req.extra_key, tuple(tokens[: i + 1])), (
                 f"slot {slot} for token {i} holds KV of {self.kv.get(slot)}")
 
-    def start(self, prompt: List[int], extra_key: Optional[str] = None, chunk: int = 0) -> FakeReq:
-        req = FakeReq(prompt, extra_key)
-        m = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(prompt, extra_key, limit=len(prompt) - 1)))
+    def start(self, prompt: List[int], extra_key: Optional[str] = None, chunk: int = 0,
+              cache_salt: Optional[str] = None) -> FakeReq:
+        req = FakeReq(prompt, extra_key, cache_salt)
+        key = RadixKey(prompt, extra_key, limit=len(prompt) - 1, cache_salt=cache_salt)
+        m = self.tree.match_prefix(MatchPrefixParams(key=key))
         assert isinstance(m, MatchResult) and m.last_host_node is m.last_device_node is m.best_match_node
         req.prefix_len, req.last_node = m.device_prefix_len, m.last_device_node
         req.kv.cache_protected_len = req.prefix_len
@@ -443,20 +445,53 @@ def test_disable_caches_nothing_and_frees_everything():
     assert tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3]))).device_prefix_len == 0
 
 
+def _event_types():
+    """The event module take_events draws from: SGLang's kv_events when installed, else radixkv.events."""
+    if SGLANG_BASE is None:
+        return radixkv.events
+    from sglang.srt.disaggregation import kv_events
+
+    return kv_events
+
+
 def test_events_and_reset():
+    ev = _event_types()
     engine = FakeEngine(page_size=2, num_pages=4, events=True)
     req = engine.start([1, 2, 3, 4, 5])
     engine.finish(req)
     stored = engine.tree.take_events()
-    assert [type(e) for e in stored] == [BlockStored]
+    assert [type(e) for e in stored] == [ev.BlockStored]
     assert stored[0].token_ids == [1, 2, 3, 4] and stored[0].block_size == 2
     req = engine.start([9, 9, 8, 8, 7, 7, 1])   # needs 3 pages of 4: evicts
     engine.finish(req)
     kinds = [type(e) for e in engine.tree.take_events()]
-    assert BlockRemoved in kinds and BlockStored in kinds
+    assert ev.BlockRemoved in kinds and ev.BlockStored in kinds
     engine.tree.reset()
-    assert engine.tree.total_size() == 0 and engine.tree.take_events()[-1].as_dict()["type"] == "AllBlocksCleared"
+    assert engine.tree.total_size() == 0 and type(engine.tree.take_events()[-1]) is ev.AllBlocksCleared
     engine.tree.check()
+
+
+def test_take_events_without_sglang_are_radixkvs_events_in_order():
+    """Standalone (the main suite): radixkv's mirrors, every field; with SGLang, the same sequence in its types."""
+    ev = _event_types()
+    engine = FakeEngine(page_size=2, num_pages=4, events=True)
+    engine.finish(engine.start([1, 2, 3, 4, 5], extra_key="lora-a"))
+    engine.finish(engine.start([9, 9, 8, 8, 7, 7, 1]))  # 3 pages of 3 free: evicts both of lora-a's
+    engine.tree.reset()
+    events = engine.tree.take_events()
+    assert [type(e) for e in events] == [
+        ev.BlockStored, ev.BlockRemoved, ev.BlockRemoved, ev.BlockStored, ev.AllBlocksCleared]
+    first, tail, head, second, _ = events  # eviction takes a page at a time, from the leaf's tail
+    assert tail.block_hashes + head.block_hashes == first.block_hashes[::-1] and len(first.block_hashes) == 2
+    assert (first.parent_block_hash, first.token_ids, first.block_size, first.lora_id, first.medium) == (
+        None, [1, 2, 3, 4], 2, None, "GPU")
+    assert second.token_ids == [9, 9, 8, 8, 7, 7] and second.parent_block_hash is None
+    assert not set(first.block_hashes) & set(second.block_hashes)
+    if SGLANG_BASE is None:
+        assert isinstance(first, radixkv.events.KVCacheEvent) and first.extra_keys == [("lora-a",), None]
+        assert second.extra_keys is None and tail.medium == head.medium == "GPU"
+        assert [e.as_dict()["type"] for e in events] == [
+            "BlockStored", "BlockRemoved", "BlockRemoved", "BlockStored", "AllBlocksCleared"]
 
 
 def test_sglang_0_5_5_calling_convention_still_works():

@@ -15,10 +15,10 @@ from typing import List
 import pytest
 import torch
 
-from radixkv.adapters.sglang import (
-    SGLANG_BASE, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
+from .test_adapters_sglang import FakeEngine  # first: installs the torchvision stand-in SGLang imports
 
-from .test_adapters_sglang import FakeEngine  # also installs the torchvision stand-in SGLang imports
+from radixkv.adapters.sglang import (  # noqa: E402  (after the stand-in, or SGLANG_BASE is None here)
+    SGLANG_BASE, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
 
 def _sglang():
     """SGLang's modules (this file is collected only where sglang is importable: a failure here is real)."""
@@ -224,3 +224,94 @@ def test_register_with_sglang_adds_a_radix_cache_backend():
     built = registry.get_radix_cache_factory("radixkv")(SimpleNamespace(params=params))
     assert isinstance(built, RadixKVCache) and built.page_size == 2 and built.enable_kv_cache_events
     built.check()
+
+
+def _replayed_batches(kv_events, publisher, replay_endpoint: str) -> List[bytes]:
+    """Every payload ``publisher`` sent, fetched back through its replay socket (no PUB/SUB join race)."""
+    import zmq
+
+    publisher._event_queue.join()  # the publisher thread has encoded and buffered every batch
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.connect(replay_endpoint)
+    try:
+        sock.send_multipart((b"", (0).to_bytes(8, "big")))
+        payloads = []
+        while True:
+            assert sock.poll(5000), "no reply from SGLang's replay socket"
+            _, _, seq, payload = sock.recv_multipart()
+            if seq == kv_events.ZmqEventPublisher.END_SEQ:
+                return payloads
+            payloads.append(payload)
+    finally:
+        sock.close(linger=0)
+
+
+def test_take_events_round_trip_through_sglangs_publisher(monkeypatch):
+    """OPTIONAL (needs sglang): take_events -> SGLang's KVEventBatch -> its ZMQ publisher's msgpack -> decode.
+
+    What comes out equals what radixkv recorded, field for field: hashes (the
+    same 64 bits, as int64), parent hash, tokens, block size, medium, and the
+    cache_salt of the page's namespace, also on pages stored below a salted prefix.
+    """
+    import uuid
+
+    import msgspec
+    from sglang.srt.disaggregation import kv_events
+
+    engine = FakeEngine(page_size=2, num_pages=9, events=True)
+    tree = engine.tree
+    recorded: list = []
+    take = tree.cache.take_events
+
+    def spy():
+        events = take()
+        recorded.extend(events)
+        return events
+
+    monkeypatch.setattr(tree.cache, "take_events", spy)
+    name = f"inproc://radixkv-events-{uuid.uuid4().hex}"
+    publisher = kv_events.ZmqEventPublisher(0, endpoint=name, replay_endpoint=name + "-replay")
+    salt_of_start = {}  # first token of each prompt -> the cache_salt it was served with
+    try:
+        for prompt, extra_key, salt in [([1, 2, 3, 4, 5], None, None), ([1, 2, 3, 4, 6, 7, 8], None, None),
+                                        ([5, 5, 6, 6, 7], "lora-a", "tenant-1"), ([5, 5, 6, 6, 8, 8, 9], "lora-a", "tenant-1"),
+                                        ([7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], None, "tenant-2"),  # evicts
+                                        ([2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2], None, None)]:   # evicts
+            salt_of_start[prompt[0]] = salt
+            engine.finish(engine.start(prompt, extra_key=extra_key, cache_salt=salt))
+            events = tree.take_events()
+            assert events and all(isinstance(e, (kv_events.BlockStored, kv_events.BlockRemoved)) for e in events)
+            publisher.publish(kv_events.KVEventBatch(ts=1.0, events=events))
+        engine.check()
+        tree.reset()
+        publisher.publish(kv_events.KVEventBatch(ts=2.0, events=tree.take_events()))
+        payloads = _replayed_batches(kv_events, publisher, name + "-replay")
+    finally:
+        publisher.shutdown()
+    decoder = msgspec.msgpack.Decoder(type=kv_events.KVEventBatch)
+    decoded = [e for payload in payloads for e in decoder.decode(payload).events]
+
+    assert len(decoded) == len(recorded) and len(payloads) == 7
+    kinds = [type(e).__name__ for e in decoded]
+    assert kinds == [type(e).__name__ for e in recorded] and "BlockRemoved" in kinds and kinds[-1] == "AllBlocksCleared"
+    u64 = (1 << 64) - 1
+    assert any(h > 1 << 63 for e in recorded if hasattr(e, "block_hashes") for h in e.block_hashes)
+    token_of_hash = {}  # radixkv hash -> first token of its sequence, to find each page's salt
+    for ours, theirs in zip(recorded, decoded):
+        if type(ours).__name__ == "AllBlocksCleared":
+            continue
+        assert [h & u64 for h in theirs.block_hashes] == ours.block_hashes
+        assert all(-(1 << 63) <= h < 1 << 63 for h in theirs.block_hashes)  # SGLang's int64 convention
+        assert theirs.medium == "GPU" == ours.medium
+        if type(ours).__name__ == "BlockRemoved":
+            continue
+        parent = ours.parent_block_hash
+        assert (theirs.parent_block_hash is None) == (parent is None)
+        assert parent is None or theirs.parent_block_hash & u64 == parent
+        assert (theirs.token_ids, theirs.block_size) == (ours.token_ids, ours.block_size) == (ours.token_ids, 2)
+        assert (theirs.lora_id, theirs.session_id, theirs.lora_name) == (None, None, None)
+        start = ours.token_ids[0] if parent is None else token_of_hash[parent]
+        token_of_hash.update(dict.fromkeys(ours.block_hashes, start))
+        assert theirs.cache_salt == salt_of_start[start], (ours, theirs)
+    assert any(e.cache_salt == "tenant-1" and e.parent_block_hash is not None
+               for e in decoded if isinstance(e, kv_events.BlockStored))

@@ -25,10 +25,14 @@ When ``sglang`` is importable, :class:`RadixKVCache` *subclasses* SGLang's
 ``IncLockRefResult``, ``MatchPrefixParams``, ``RadixKey``, ...) **is** SGLang's
 own, so the scheduler's other calls (``lock``/``unlock``, ``free_kv_row``,
 ``prefix_device_indices``, ``evict_for_alloc``, the SWA/mamba/storage hooks)
-run SGLang's base implementations. Without SGLang, the types are radixkv's
-mirrors (same field names and order) and :class:`StandaloneBase` provides the
-subset of those base methods a plain (non-SWA, non-mamba, no host tier) cache
-needs. :data:`SGLANG_BASE` says which one is in use.
+run SGLang's base implementations, and ``take_events()`` returns SGLang's
+``kv_events`` structs (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``;
+hashes as int64, ``cache_salt`` filled in), which its scheduler wraps in a
+``KVEventBatch`` and publishes. Without SGLang, the types are radixkv's
+mirrors (same field names and order; events from :mod:`radixkv.events`) and
+:class:`StandaloneBase` provides the subset of those base methods a plain
+(non-SWA, non-mamba, no host tier) cache needs. :data:`SGLANG_BASE` says which
+one is in use.
 
 What differs from SGLang 0.5.5, which earlier versions of this adapter
 followed: ``cache_finished_req`` / ``cache_unfinished_req`` are gone (SGLang
@@ -67,7 +71,7 @@ import numpy as np
 
 from ..cache import NodeHandle, PrefixCache
 from ..errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError
-from ..events import KVCacheEvent
+from .. import events as _rk
 from ..keys import check_positive_int
 
 SGLANG_TARGET_VERSION = "0.5.23"
@@ -315,8 +319,10 @@ try:  # SGLang's own types when it is installed; the mirrors above otherwise
         TreeLock,
     )
     from sglang.srt.mem_cache.radix_cache import RadixKey  # type: ignore
+    from sglang.srt.disaggregation import kv_events as _sgl_events  # type: ignore
 except ImportError:
     _SGLangBase = None
+    _sgl_events = None
     DecLockRefParams, DecLockRefResult = _DecLockRefParams, _DecLockRefResult
     EvictParams, EvictResult = _EvictParams, _EvictResult
     IncLockRefResult, InsertParams, InsertResult = _IncLockRefResult, _InsertParams, _InsertResult
@@ -344,6 +350,82 @@ def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[
     if not cache_salt:
         return extra_key
     return json.dumps([extra_key, cache_salt])
+
+
+def _cache_salt(namespace: Optional[str]) -> Optional[str]:
+    """The ``cache_salt`` half of a namespace made by :func:`_namespace` (``None`` when unsalted)."""
+    if not isinstance(namespace, str) or not namespace.startswith("["):
+        return None
+    try:
+        pair = json.loads(namespace)
+    except ValueError:  # an extra_key that merely starts with "["
+        return None
+    return pair[1] if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) else None
+
+
+def _int64(block_hash: int) -> int:
+    """radixkv's unsigned 64-bit event hash as the signed int64 SGLang's events carry (same 64 bits)."""
+    return block_hash - (1 << 64) if block_hash >= 1 << 63 else block_hash
+
+
+class _SGLangEvents:
+    """Turns radixkv's events into SGLang 0.5.23's ``kv_events`` structs, one for one.
+
+    ``BlockStored`` keeps radixkv's hashes (as int64), parent hash, tokens (all
+    pages of the event, concatenated) and ``block_size``; ``lora_id``,
+    ``session_id`` and ``lora_name`` are ``None`` (radixkv keys adapters by
+    namespace and has no LoRA name table); ``cache_salt`` is the salt of the
+    page's namespace. radixkv names the namespace only on a sequence's first
+    page (``extra_keys``), so this remembers the namespace of every salted
+    cached page, by hash, until its ``BlockRemoved``: one dict entry per cached
+    page of a salted namespace. Tier moves become their plain store/remove
+    events. Cost: O(pages) per event.
+    """
+
+    __slots__ = ("_salt_of",)
+
+    _MEDIUM = {_rk.MEDIUM_GPU: "GPU", _rk.MEDIUM_CPU: "CPU", _rk.MEDIUM_DISK: "DISK", _rk.MEDIUM_REMOTE: "EXTERNAL"}
+
+    def __init__(self) -> None:
+        self._salt_of: dict = {}  # radixkv hash of a cached page in a salted namespace -> its cache_salt
+
+    def _medium(self, medium: Optional[str]) -> Any:
+        name = self._MEDIUM.get(medium) if medium is not None else None
+        return medium if name is None else _sgl_events.StorageMedium[name]
+
+    def convert(self, events: List[_rk.KVCacheEvent]) -> list:
+        out: list = []
+        for event in events:
+            if isinstance(event, (_rk.BlockDemoted, _rk.BlockPromoted)):
+                out.extend(self._one(e) for e in event.as_store_remove())
+            else:
+                out.append(self._one(event))
+        return out
+
+    def _one(self, event: _rk.KVCacheEvent) -> Any:
+        if isinstance(event, _rk.BlockStored):
+            if event.extra_keys and event.extra_keys[0]:
+                salt = _cache_salt(event.extra_keys[0][0])
+            else:
+                salt = self._salt_of.get(event.parent_block_hash)
+            if salt is not None:
+                self._salt_of.update(dict.fromkeys(event.block_hashes, salt))
+            parent = event.parent_block_hash
+            return _sgl_events.BlockStored(
+                block_hashes=[_int64(h) for h in event.block_hashes],
+                parent_block_hash=None if parent is None else _int64(parent),
+                token_ids=list(event.token_ids), block_size=event.block_size, lora_id=event.lora_id,
+                medium=self._medium(event.medium), cache_salt=salt, session_id=None, lora_name=event.lora_name)
+        if isinstance(event, _rk.BlockRemoved):
+            if self._salt_of:
+                for h in event.block_hashes:
+                    self._salt_of.pop(h, None)
+            return _sgl_events.BlockRemoved(block_hashes=[_int64(h) for h in event.block_hashes],
+                                            medium=self._medium(event.medium))
+        if isinstance(event, _rk.AllBlocksCleared):
+            self._salt_of.clear()
+            return _sgl_events.AllBlocksCleared()
+        raise ArgumentTypeError(f"no SGLang counterpart for radixkv event {event!r}")
 
 
 class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
@@ -395,6 +477,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         if table is not None and type(table).__module__.startswith("torch"):
             self._device = table.device
         self._roots: dict = {}
+        self._events = _SGLangEvents() if _sgl_events is not None else None
 
     @classmethod
     def from_params(cls, params: Any, **kwargs: Any) -> "RadixKVCache":
@@ -623,9 +706,18 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         """Cached tokens. O(1)."""
         return self.cache.num_cached_blocks * self.page_size
 
-    def take_events(self) -> List[KVCacheEvent]:
-        """radixkv KV events since the last call (empty unless ``enable_kv_cache_events``)."""
-        return self.cache.take_events()
+    def take_events(self) -> list:
+        """KV events since the last call, oldest first (empty unless ``enable_kv_cache_events``).
+
+        With SGLang installed, SGLang's own ``kv_events`` structs (``BlockStored``,
+        ``BlockRemoved``, ``AllBlocksCleared``), which its scheduler wraps in a
+        ``KVEventBatch`` and publishes; otherwise radixkv's mirrors
+        (:mod:`radixkv.events`). Take them here, not from ``self.cache``: the
+        SGLang form's ``cache_salt`` follows the events in order.
+        Cost: O(pages in the events).
+        """
+        events = self.cache.take_events()
+        return events if self._events is None else self._events.convert(events)
 
     def pretty_print(self) -> None:
         print(f"#tokens: {self.total_size()} (evictable {self.evictable_size()}, protected {self.protected_size()})")
