@@ -12,6 +12,9 @@ from hypothesis import strategies as st
 
 from radixkv.tiers import RemoteTier, SimulatedHosts, TieredCache
 
+from .test_tiers_payload import KV, PS, page_value
+from .test_tiers_payload import admit_and_verify as serve  # checks every hit page's bytes
+
 
 class Flaky(SimulatedHosts):
     """Simulated hosts whose calls raise while ``failing`` holds the operation's name."""
@@ -36,31 +39,10 @@ class Flaky(SimulatedHosts):
         return super().delete(host, slots)
 
 
-def kv(tokens, page_size=2):
-    """The KV a page of ``tokens`` must hold: a function of its whole prefix."""
-    tokens = [int(t) for t in tokens]
-    pages = len(tokens) // page_size
-    code = [sum((t + 1) * 11 ** i for i, t in enumerate(tokens[: (p + 1) * page_size])) for p in range(pages)]
-    return np.array([[float(c)] * page_size for c in code], dtype=np.float64)[..., None]  # exact: distinct
-
-
-def serve(cache, tokens):
-    """Admit, check every hit page's KV, write the new pages' KV, release."""
-    adm = cache.admit(tokens)
-    want = kv(tokens)
-    hit = adm.hit_tokens // cache.page_size
-    if hit:
-        np.testing.assert_array_equal(cache.read(adm.blocks[:hit]), want[:hit])
-    if len(adm.new_blocks):
-        cache.write(adm.new_blocks, want[hit: hit + len(adm.new_blocks)])
-    adm.release()
-    return adm.hit_tokens
-
-
 def test_a_write_that_raises_drops_the_page_and_warns_once():
     backend = Flaky(1)
     tier = RemoteTier(8, backend=backend)
-    cache = TieredCache(2, page_size=2, kv_shape=(1,), dtype="float64", tiers=[tier], load_back="always")
+    cache = TieredCache(2, page_size=PS, kv_shape=KV, tiers=[tier], load_back="always")
     serve(cache, [1, 2, 3, 4])
     backend.failing = {"put"}
     with pytest.warns(RuntimeWarning, match="backend put failed"):
@@ -79,10 +61,10 @@ def test_a_write_that_raises_drops_the_page_and_warns_once():
 
 def test_a_release_whose_copy_down_raises_still_releases():
     backend = Flaky(1)
-    cache = TieredCache(8, page_size=2, kv_shape=(1,), dtype="float64", tiers=[RemoteTier(8, backend=backend)],
+    cache = TieredCache(8, page_size=PS, kv_shape=KV, tiers=[RemoteTier(8, backend=backend)],
                         write_policy="write_through")
     adm = cache.admit([1, 2, 3, 4])
-    cache.write(adm.new_blocks, kv([1, 2, 3, 4]))
+    cache.write(adm.new_blocks, np.stack([page_value([1, 2, 3, 4], i) for i in range(2)]))
     backend.failing = {"put"}
     with pytest.warns(RuntimeWarning):
         adm.release()
@@ -99,7 +81,7 @@ def test_a_release_whose_copy_down_raises_still_releases():
                                 st.sets(st.sampled_from(["put", "get", "delete"]))), min_size=1, max_size=30))
 def test_failing_backend_calls_never_raise_or_serve_wrong_kv(write_policy, load_back, steps):
     backend = Flaky(2)
-    cache = TieredCache(4, page_size=2, kv_shape=(1,), dtype="float64", tiers=[RemoteTier(3, backend=backend)],
+    cache = TieredCache(4, page_size=PS, kv_shape=KV, tiers=[RemoteTier(3, backend=backend)],
                         write_policy=write_policy, write_through_threshold=1, load_back=load_back)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
