@@ -28,3 +28,20 @@ def test_policies_import_as_radixkv_policies():
 
     assert Path(policies.__file__).resolve().parent == ROOT / "policies"
     assert "lru" in policies.available()
+
+
+def test_python_dash_m_runs_the_cli():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "radixkv", "--help"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("Usage: radixkv ")
+    assert "replay" in out.stdout
+
+
+def test_license_and_typing_marker_ship():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["project"]["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text().splitlines()[0]
+    assert (ROOT / "radixkv" / "py.typed").is_file()
+    assert project["tool"]["setuptools"]["package-data"]["radixkv"] == ["py.typed"]
