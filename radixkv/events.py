@@ -344,6 +344,15 @@ def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]
     return EventLog(cache) if enable_events else None
 
 
+def __getattr__(name: str) -> Any:
+    """``ZmqEventPublisher`` and ``publish_from`` live in :mod:`radixkv.events_wire` (it needs pyzmq)."""
+    if name in ("ZmqEventPublisher", "publish_from"):
+        from . import events_wire
+
+        return getattr(events_wire, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AllBlocksCleared", "BlockDemoted", "BlockPromoted", "BlockRemoved", "BlockStored",
     "EVENT_TYPES", "EventLog", "ExternalBlockHash", "KVCacheEvent", "MEDIUM_CPU", "MEDIUM_DISK",

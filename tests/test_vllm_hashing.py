@@ -14,7 +14,6 @@ not depend on radixkv's encoder.
 from __future__ import annotations
 
 import hashlib
-import pickle
 import struct
 
 import numpy as np
@@ -26,6 +25,10 @@ from radixkv import PrefixCache
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockRemoved, BlockStored
 from radixkv.hashing import BlockHasher, external_block_hash, namespace_extra_keys, vllm_extra_keys
+
+from . import vllm_router
+from .vllm_router import vllm_hash as _vllm_hash
+from .vllm_router import vllm_request_hashes as _vllm_request_hashes
 
 
 def _pickle5(body: bytes) -> bytes:
@@ -44,26 +47,10 @@ NONE_HASH = hashlib.sha256(_pickle5(b"\x8c\x0evllm-none-hash\x94.")).digest()
 SALT_OPS = b"\x8c\x0acache_salt\x94\x8c\x04salt\x94\x86\x94\x85\x94"
 
 
-def _vllm_hash(parent, tokens, extra=None) -> bytes:
-    """vLLM 0.33.0's hash_block_tokens with its default sha256, as documented."""
-    obj = (parent or NONE_HASH, tuple(tokens), extra)
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-def _vllm_request_hashes(tokens, block_size, cache_salt=None):
-    """vLLM's request block hasher: full blocks only, the salt on the first block."""
-    out, parent = [], None
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
-        parent = _vllm_hash(parent, tokens[start:start + block_size], extra)
-        out.append(parent)
-    return out
-
-
 def test_default_seed_and_function_are_vllms():
     hasher = BlockHasher()
     assert (hasher.name, hasher.hash_seed) == ("sha256", "vllm-none-hash")
-    assert hasher.none_hash == NONE_HASH
+    assert hasher.none_hash == NONE_HASH == vllm_router.NONE_HASH
 
 
 def test_first_page_equals_the_hand_built_pickle():
