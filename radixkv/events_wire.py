@@ -244,10 +244,13 @@ class ZmqEventPublisher:
     def _open(sock: Any, endpoint: str, *, bind: bool) -> str:
         import zmq
 
-        if not bind:
-            sock.connect(endpoint)
-            return endpoint
-        sock.bind(endpoint)
+        try:
+            if not bind:
+                sock.connect(endpoint)
+                return endpoint
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            raise ArgumentValueError(f"cannot {'bind' if bind else 'connect'} ZMQ endpoint {endpoint!r}: {exc}") from exc
         return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     # ------------------------------------------------------------ API

@@ -180,3 +180,62 @@ def test_a_vllm_router_predicts_every_hit_on_a_mooncake_replay(use_int):
     stats = run_prediction(cache, requests, hashes_of)
     assert stats["requests"] == 120
     assert stats["evicted_blocks"] > 3000 and stats["hit_tokens"] > 0 and stats["salted_hit_tokens"] > 0
+
+
+# ---------------------------------------------------------------- radixkv replay --kv-events-endpoint
+def _cli_batches(monkeypatch, *args):
+    """Run ``radixkv replay --json ARGS`` with events on; return (its JSON, one payload or None per request)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from radixkv.cli import main
+
+    payloads = []
+    original = ZmqEventPublisher.publish
+
+    def recording(self, events, **kwargs):
+        events = list(events)
+        payloads.append(encode_batch(events, ts=0.0, exclusive_tiers=self.exclusive_tiers) if events else None)
+        return original(self, events, **kwargs)
+
+    monkeypatch.setattr(ZmqEventPublisher, "publish", recording)
+    result = CliRunner().invoke(main, ["replay", str(CONVERSATION), "--json", "--quiet", "--page-size", "32",
+                                       "--kv-events-endpoint", "tcp://127.0.0.1:*",
+                                       "--kv-events-replay-endpoint", "tcp://127.0.0.1:*", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output.strip().splitlines()[-1]), payloads
+
+
+def test_replay_cli_publishes_a_batch_per_request_that_predicts_its_hits(monkeypatch):
+    out, payloads = _cli_batches(monkeypatch, "--limit", "60", "--num-blocks", "2000")
+    requests = list(TraceReader(str(CONVERSATION), limit=60))
+    assert len(payloads) == out["requests"] == 60 and out["evicted_blocks"] > 0
+    cached, predicted = set(), 0
+    for request, payload in zip(requests, payloads):
+        hashes = [int_hash(h) for h in vllm_request_hashes(request.tokens.tolist(), 32)]
+        n = 0
+        while n < len(hashes) and hashes[n] in cached:
+            n += 1
+        predicted += n * 32
+        for event in decode_documented(payload).events if payload else []:
+            if type(event).__name__ == "BlockStored":
+                cached.update(event.block_hashes)
+            else:
+                cached.difference_update(event.block_hashes)
+    assert predicted == out["hit_tokens"] > 0
+
+
+def test_replay_cli_publishes_host_tier_residency_and_refuses_bad_flags(monkeypatch):
+    _, payloads = _cli_batches(monkeypatch, "--limit", "40", "--num-blocks", "600", "--host-blocks", "2000")
+    media = {(e.medium, type(e).__name__) for p in payloads if p for e in decode_documented(p).events}
+    assert {("GPU", "BlockStored"), ("GPU", "BlockRemoved"), ("CPU", "BlockStored")} <= media
+    from click.testing import CliRunner
+
+    from radixkv.cli import main
+
+    base = ["replay", str(CONVERSATION), "--num-blocks", "10", "--limit", "1"]
+    result = CliRunner().invoke(main, base + ["--kv-events-replay-endpoint", "tcp://127.0.0.1:*"])
+    assert result.exit_code == 2 and "--kv-events-endpoint" in result.output
+    result = CliRunner().invoke(main, base + ["--kv-events-endpoint", "nonsense"])
+    assert result.exit_code == 2 and "ZMQ endpoint" in result.output
