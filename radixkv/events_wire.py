@@ -34,7 +34,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .events import (
@@ -153,15 +153,53 @@ def _modules() -> Tuple[Any, Any]:
     return zmq, msgspec
 
 
+_STRUCTS: Dict[str, Any] = {}
+
+
+def _wire_structs() -> Dict[str, Any]:
+    """msgspec structs declared as vLLM 0.33.0 declares its own, built on first use (msgspec is optional).
+
+    Encoding through the same struct configuration gives vLLM's exact bytes
+    (e.g. msgspec writes a map16 header for ``BlockStored``, whose 15 fields
+    plus tag could exceed a fixmap, whatever the number left after omissions).
+    """
+    if _STRUCTS:
+        return _STRUCTS
+    _, msgspec = _modules()
+    Hash = Union[bytes, int]
+    Opt = Optional
+    base = msgspec.defstruct("KVCacheEvent", [], omit_defaults=True, gc=False, tag=True)
+    stored = msgspec.defstruct("BlockStored", [
+        ("block_hashes", List[Hash]), ("parent_block_hash", Opt[Hash]), ("token_ids", List[int]),
+        ("block_size", int), ("lora_id", Opt[int]), ("medium", Opt[str]), ("lora_name", Opt[str]),
+        ("extra_keys", Opt[List[Opt[Tuple[Any, ...]]]], None), ("group_idx", Opt[int], None),
+        ("kv_cache_spec_kind", Opt[str], None), ("kv_cache_spec_sliding_window", Opt[int], None),
+        ("locality", Opt[str], None), ("ownership", Opt[str], None), ("session_id", Opt[str], None),
+        ("lookahead_token_ids", Opt[List[List[int]]], None)], bases=(base,))
+    removed = msgspec.defstruct("BlockRemoved", [
+        ("block_hashes", List[Hash]), ("medium", Opt[str]), ("group_idx", Opt[int], None),
+        ("locality", Opt[str], None), ("ownership", Opt[str], None)], bases=(base,))
+    cleared = msgspec.defstruct("AllBlocksCleared", [], bases=(base,))
+    batch = msgspec.defstruct("KVEventBatch", [
+        ("ts", float), ("events", List[Union[stored, removed, cleared]]), ("data_parallel_rank", Opt[int], None)],
+        array_like=True, omit_defaults=True, gc=False)
+    _STRUCTS.update(BlockStored=stored, BlockRemoved=removed, AllBlocksCleared=cleared,
+                    KVEventBatch=batch, encode=msgspec.msgpack.Encoder().encode)
+    return _STRUCTS
+
+
 def encode_batch(events: Iterable[KVCacheEvent], *, ts: Optional[float] = None, data_parallel_rank: int = 0,
                  exclusive_tiers: bool = True, use_int_block_hashes: Optional[bool] = None) -> bytes:
     """The msgpack payload of one vLLM ``KVEventBatch`` ``[ts, [events], data_parallel_rank]``.
 
-    ``ts`` defaults to ``time.time()``; other arguments as :func:`to_vllm_events`.
+    Byte-identical to vLLM's encoder for the same events. ``ts`` defaults to
+    ``time.time()``; other arguments as :func:`to_vllm_events`.
     """
-    _, msgspec = _modules()
-    wire = to_vllm_events(events, exclusive_tiers=exclusive_tiers, use_int_block_hashes=use_int_block_hashes)
-    return msgspec.msgpack.encode([time.time() if ts is None else float(ts), wire, data_parallel_rank])
+    structs = _wire_structs()
+    wire = [structs[w["type"]](**{k: v for k, v in w.items() if k != "type"})
+            for w in to_vllm_events(events, exclusive_tiers=exclusive_tiers, use_int_block_hashes=use_int_block_hashes)]
+    batch = structs["KVEventBatch"](time.time() if ts is None else float(ts), wire, data_parallel_rank)
+    return structs["encode"](batch)
 
 
 def _is_bind_endpoint(endpoint: str) -> bool:
@@ -220,6 +258,7 @@ class ZmqEventPublisher:
         self._topic = topic.encode("utf-8")
         self._buffer_steps = buffer_steps
         self._next_seq = 0
+        self._lock = threading.Lock()
         self.send_errors = 0
         self._queue: "queue.Queue[Optional[Tuple[int, bytes]]]" = queue.Queue()
         self._ctx = zmq.Context.instance()
@@ -266,9 +305,10 @@ class ZmqEventPublisher:
             return None
         payload = encode_batch(events, ts=ts, data_parallel_rank=self.data_parallel_rank,
                                exclusive_tiers=self.exclusive_tiers, use_int_block_hashes=self.use_int_block_hashes)
-        seq = self._next_seq
-        self._next_seq += 1
-        self._queue.put((seq, payload))
+        with self._lock:  # sequence numbers in queue order, whichever thread publishes
+            seq = self._next_seq
+            self._next_seq += 1
+            self._queue.put((seq, payload))
         return seq
 
     def close(self, timeout: float = 5.0) -> None:

@@ -34,11 +34,16 @@ def _salt_of(tokens: np.ndarray) -> object:
 
 # ---------------------------------------------------------------- the payload, byte by byte
 def test_a_batch_is_vllms_array_of_ts_tagged_maps_and_rank():
-    payload = encode_batch([AllBlocksCleared(), BlockRemoved([7, 300], "GPU")], ts=1.5, data_parallel_rank=2)
+    events = [AllBlocksCleared(), BlockRemoved([7, 300], "GPU"), BlockStored([11], None, [1, 2], 2)]
+    payload = encode_batch(events, ts=1.5, data_parallel_rank=2)
     removed = (b"\x84\xa4type\xacBlockRemoved\xacblock_hashes\x92\x07\xcd\x01\x2c"
                b"\xa6medium\xa3GPU\xa9group_idx\x00")
-    assert payload == (b"\x93" + msgpack_float(1.5) + b"\x92" + b"\x81\xa4type\xb0AllBlocksCleared"
-                       + removed + b"\x02")
+    # BlockStored: 15 fields + tag could overflow a fixmap, so msgspec (and vLLM) write map16 with the count, 9
+    stored = (b"\xde\x00\x09\xa4type\xabBlockStored\xacblock_hashes\x91\x0b\xb1parent_block_hash\xc0"
+              b"\xa9token_ids\x92\x01\x02\xaablock_size\x02\xa7lora_id\xc0\xa6medium\xa3GPU"
+              b"\xa9lora_name\xc0\xa9group_idx\x00")
+    assert payload == (b"\x93" + msgpack_float(1.5) + b"\x93" + b"\x81\xa4type\xb0AllBlocksCleared"
+                       + removed + stored + b"\x02")
 
 
 def test_block_stored_has_vllms_fields_in_order_and_decodes_as_vllms_struct():
