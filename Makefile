@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-sglang bench clean
+.PHONY: demo test test-sglang test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ test-sglang: $(STAMP)
 	bash bench/peers/setup.sh
 	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
 	bench/peers/.venv/bin/python -m pytest -q tests/test_adapters_sglang.py tests/test_sglang_live.py
+
+## make test-vllm: radixkv's hashes and ZMQ events checked against a real vLLM's (the same bench/peers/.venv)
+test-vllm: $(STAMP)
+	bash bench/peers/setup.sh
+	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
+	bench/peers/.venv/bin/python -m pytest -q tests/test_vllm_hashing.py tests/test_vllm_live.py
 
 ## make bench: micro-benchmarks (pytest-benchmark)
 bench: $(STAMP)

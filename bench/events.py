@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/events.py [--limit N] > bench/results/events.jsonl
 
-Replays the trace with events off and on (sha256_cbor page hashes; a consumer
+Replays the trace with events off and on (vLLM's default sha256 page hashes; a consumer
 takes the events after every request) and reports CPU seconds, pages stored and
 removed, and the extra CPU time per stored page.
 """

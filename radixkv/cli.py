@@ -127,29 +127,42 @@ def main() -> None:
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
 @click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one JSON record per request (hits, misses by reason, evictions) to this file.")
+@click.option("--kv-events-endpoint", default=None, metavar="ZMQ",
+              help="Publish KV events in vLLM's ZMQ format (e.g. tcp://*:5557), one batch per request.")
+@click.option("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
+              help="With --kv-events-endpoint: answer vLLM-style replay requests here.")
 @cost_options
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_json, quiet,
                host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls, load_back,
-               records, model, hardware, miss_reasons) -> None:
+               records, kv_events_endpoint, kv_events_replay_endpoint, model, hardware, miss_reasons) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT) through one cache and report hit rates,
     misses by reason and the prefill compute saved.
 
     With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the JSON then
     adds hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
+    from .events_wire import publish_from
     from .tiers.config import build_cache
 
     reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
+    publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
-                        load_back=load_back)
+                        load_back=load_back, enable_events=publisher is not None)
     sink = open(records, "w", encoding="utf-8") if records else None
     on_record = (lambda rec: sink.write(json.dumps(rec.as_dict()) + "\n")) if sink else None
     try:
         with progress(bar_total(reader, quiet), quiet, "replay") as bar:
-            result = replay(reader, cache, on_request=lambda r, h: bar.update(), on_record=on_record,
+            def on_request(request, hit):
+                bar.update()
+                if publisher is not None:
+                    publish_from(cache, publisher)
+
+            result = replay(reader, cache, on_request=on_request, on_record=on_record,
                             miss_reasons=miss_reasons, model=model, hardware=hardware)
     finally:
+        if publisher is not None:
+            publisher.close()
         if sink is not None:
             sink.close()
         if hasattr(cache, "close"):
@@ -175,6 +188,21 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
                    f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
         if reader.skipped:
             click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
+def kv_events_publisher(endpoint: Optional[str], replay_endpoint: Optional[str], write_policy: str):
+    """The ZMQ publisher ``--kv-events-endpoint`` asks for, or ``None``; exit 2 without pyzmq/msgspec."""
+    if endpoint is None:
+        if replay_endpoint is not None:
+            raise click.UsageError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        return None
+    from .events_wire import ZmqEventPublisher
+
+    try:
+        return ZmqEventPublisher(endpoint, replay_endpoint=replay_endpoint,
+                                 exclusive_tiers=write_policy == "write_back")
+    except ImportError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 @main.command("demo")

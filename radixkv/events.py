@@ -7,7 +7,8 @@ lora_id, medium)``, ``BlockRemoved(block_hashes, medium)``,
 adds ``lora_name`` and ``extra_keys`` to ``BlockStored``; so a consumer written
 for either (Dynamo's KV router, say) reads radixkv's events unchanged.
 Hashes are the 64-bit integer form of radixkv's vLLM-compatible chained page
-hashes (:func:`radixkv.hashing.external_block_hash`).
+hashes (:func:`radixkv.hashing.external_block_hash`), or the full hash bytes
+with ``BlockHasher(use_int_block_hashes=False)``.
 
 Residency on the device is reported by the engine itself: ``BlockStored``
 (``medium="GPU"``) when pages enter HBM (inserted, or loaded back from a lower
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Un
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
-from .hashing import BlockHash, BlockHasher, external_block_hash, external_block_hashes
+from .hashing import BlockHash, BlockHasher
 from .keys import TOKEN_DTYPE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -83,8 +84,9 @@ class BlockStored(KVCacheEvent):
         lora_id: always ``None`` (radixkv keys adapters by namespace; see ``extra_keys``).
         medium: where the pages are, e.g. ``"GPU"``.
         lora_name: always ``None`` (as above).
-        extra_keys: the extra keys hashed into each page (``(namespace,)`` on a
-            namespaced sequence's first page, else ``None``); ``None`` when all are.
+        extra_keys: each page's extra keys untagged, as vLLM publishes them
+            (``(namespace,)`` on a namespaced sequence's first page, hashed as
+            ``(("cache_salt", namespace),)``; else ``None``); ``None`` when all are.
     """
 
     block_hashes: List[ExternalBlockHash]
@@ -167,8 +169,8 @@ class EventLog:
     page and :class:`radixkv.adapters.vllm.VLLMBlockView` can look pages up by
     hash. Only the engine mutates it, from the owner thread.
 
-    Cost: one SHA-256 per stored page (about 3 us a page with ``sha256_cbor``,
-    pages encoded in bulk), a few C-speed operations per removed page; memory
+    Cost: one SHA-256 per stored page (about 3 us a page, pages encoded in
+    bulk), a few C-speed operations per removed page; memory
     33 bytes per block plus one dict entry per cached page.
     """
 
@@ -228,8 +230,8 @@ class EventLog:
         if namespace is not None:
             extra = [(namespace,)] + [None] * (len(hashes) - 1)
         self._events.append(BlockStored(
-            external_block_hashes(hashes),
-            external_block_hash(parent_hash) if parent_hash is not None else None,
+            self.hasher.event_hashes(hashes),
+            self.hasher.event_hash(parent_hash) if parent_hash is not None else None,
             tokens.ravel().tolist(), self._cache.page_size, None, MEDIUM_GPU, None, extra))
 
     def removed(self, blocks: np.ndarray) -> None:
@@ -239,9 +241,9 @@ class EventLog:
             return
         raw = self._hashes[blocks].tobytes()
         self._has[blocks] = False
-        deque(map(self._index.__delitem__, [raw[i : i + 32] for i in range(0, len(raw), 32)]), maxlen=0)
-        ints = np.frombuffer(raw, dtype=">u8").reshape(-1, 4)[:, 3].tolist()
-        self._events.append(BlockRemoved(ints, MEDIUM_GPU))
+        hashes = [raw[i : i + 32] for i in range(0, len(raw), 32)]
+        deque(map(self._index.__delitem__, hashes), maxlen=0)
+        self._events.append(BlockRemoved(self.hasher.event_hashes(hashes), MEDIUM_GPU))
 
     def cleared(self) -> None:
         """Every page was dropped: clear the index, emit ``AllBlocksCleared``."""
@@ -274,8 +276,8 @@ class EventLog:
         parent = hashes[start - 1] if start > 0 else self._parent_hash(node)[0]
         tokens = self._tokens(node)[start:stop]
         self._events.append(cls(
-            [external_block_hash(h) for h in hashes[start:stop]],
-            external_block_hash(parent) if parent is not None else None,
+            self.hasher.event_hashes(hashes[start:stop]),
+            self.hasher.event_hash(parent) if parent is not None else None,
             tokens.ravel().tolist(), self._cache.page_size, medium, source_medium))
 
     # ------------------------------------------------------------ checks
@@ -340,6 +342,15 @@ def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]
     if not isinstance(enable_events, bool):
         raise ArgumentTypeError(f"enable_events must be a bool or a BlockHasher, got {enable_events!r}")
     return EventLog(cache) if enable_events else None
+
+
+def __getattr__(name: str) -> Any:
+    """``ZmqEventPublisher`` and ``publish_from`` live in :mod:`radixkv.events_wire` (it needs pyzmq)."""
+    if name in ("ZmqEventPublisher", "publish_from"):
+        from . import events_wire
+
+        return getattr(events_wire, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

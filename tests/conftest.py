@@ -13,3 +13,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # `make test-sglang` runs them in the venv bench/peers/setup.sh builds. Not collected
 # here rather than skipped, so the main run reports no skips.
 collect_ignore = [] if importlib.util.find_spec("sglang") else ["test_sglang_live.py"]
+# The same for vLLM (`make test-vllm`).
+if not importlib.util.find_spec("vllm"):
+    collect_ignore.append("test_vllm_live.py")

@@ -46,17 +46,19 @@ def test_first_page_hash_equals_the_hand_encoded_cbor():
     # tokens 1, 2, 300, 70000: array(4) then uint heads of 1, 1, 3 and 5 bytes.
     tokens_cbor = b"\x84\x01\x02\x19\x01\x2c\x1a\x00\x01\x11\x70"
     expected = hashlib.sha256(_page_cbor(NONE_HASH_SEED_0, tokens_cbor, b"\xf6")).digest()
-    hasher = BlockHasher()
+    hasher = BlockHasher("sha256_cbor", hash_seed="0")
     assert hasher.none_hash == NONE_HASH_SEED_0
     assert hasher.hash_block_tokens(None, [1, 2, 300, 70000]) == expected
-    assert hash_block_tokens(sha256_cbor, None, [1, 2, 300, 70000]) == expected
+    assert hash_block_tokens(sha256_cbor, None, [1, 2, 300, 70000], none_hash=NONE_HASH_SEED_0) == expected
     assert hasher.hash_pages([1, 2, 300, 70000, 5], page_size=4) == [expected]
 
 
 def test_salted_and_chained_pages_equal_the_hand_encoded_cbor():
-    first = hashlib.sha256(_page_cbor(NONE_HASH_SEED_0, b"\x82\x07\x08", b"\x81\x64salt")).digest()
+    # extra keys (("cache_salt", "salt"),): array(1) [ array(2) [ text(10), text(4) ] ]
+    salted = b"\x81\x82\x6acache_salt\x64salt"
+    first = hashlib.sha256(_page_cbor(NONE_HASH_SEED_0, b"\x82\x07\x08", salted)).digest()
     second = hashlib.sha256(_page_cbor(first, b"\x82\x18\x18\x00", b"\xf6")).digest()  # 24 needs 0x18 24
-    hasher = BlockHasher()
+    hasher = BlockHasher("sha256_cbor", hash_seed="0")
     assert hasher.hash_pages([7, 8, 24, 0], page_size=2, namespace="salt") == [first, second]
     assert external_block_hash(second) == int.from_bytes(second[-8:], "big")
 
@@ -87,11 +89,12 @@ def test_cbor_matches_cbor2_when_available():
 def test_bulk_encoder_equals_the_generic_formula(pages, page_size, first_page, namespace, parent, values):
     tokens = np.resize(np.array(values, dtype=np.uint32), (pages, page_size))
     parent_hash = hashlib.sha256(b"parent").digest() if parent else None
-    fast = BlockHasher().chain(tokens, parent_hash, first_page, namespace)
+    hasher = BlockHasher("sha256_cbor")
+    fast = hasher.chain(tokens, parent_hash, first_page, namespace)
     slow, prev = [], parent_hash
     for i, row in enumerate(tokens.tolist()):
-        extra = (namespace,) if namespace is not None and first_page + i == 0 else None
-        prev = hash_block_tokens(sha256_cbor, prev, row, extra)
+        extra = (("cache_salt", namespace),) if namespace is not None and first_page + i == 0 else None
+        prev = hash_block_tokens(sha256_cbor, prev, row, extra, none_hash=hasher.none_hash)
         slow.append(prev)
     assert fast == slow
 

@@ -3,9 +3,13 @@
 vLLM v1 finds cached blocks by chained block hash
 (``BlockPool.get_cached_block``, ``find_longest_cache_hit``); routers and KV
 connectors that speak those hashes can ask radixkv the same questions here.
-The hashes are :mod:`radixkv.hashing`'s, equal to vLLM's ``sha256_cbor``
-block hashes for the same ``hash_seed`` (``PYTHONHASHSEED``), block size and
-``cache_salt`` (radixkv's namespace).
+The hashes are :mod:`radixkv.hashing`'s: with the cache's default
+:class:`~radixkv.hashing.BlockHasher` they equal the block hashes of a vLLM
+0.33.0 started with default settings (``sha256``, ``PYTHONHASHSEED`` unset)
+for the same block size and ``cache_salt`` (radixkv's namespace, hashed as
+vLLM's tagged ``("cache_salt", salt)`` key). A vLLM using another
+``--prefix-caching-hash-algo`` or ``PYTHONHASHSEED`` needs the matching
+``PrefixCache(enable_events=BlockHasher(hash_fn, hash_seed))``.
 
 >>> from radixkv import PrefixCache
 >>> cache = PrefixCache(num_blocks=8, page_size=2, enable_events=True)
@@ -55,7 +59,12 @@ class VLLMBlockView:
 
     def block_hashes(self, tokens: Union[Sequence[int], np.ndarray], *,
                      cache_salt: Optional[Hashable] = None) -> List[BlockHash]:
-        """vLLM's block hashes of every full block of ``tokens`` (``cache_salt`` = namespace). O(len)."""
+        """vLLM's block hashes of every full block of ``tokens`` (``cache_salt`` = namespace). O(len).
+
+        As vLLM's request block hasher for a request without LoRA or multimodal
+        inputs; ``cache_salt=""`` is radixkv's namespace ``""`` (vLLM would
+        treat an empty salt as none).
+        """
         return self._log.hasher.hash_pages(tokens, self._cache.page_size, namespace=cache_salt)
 
     def get_cached_block(self, block_hash: BlockHash) -> Optional[int]:

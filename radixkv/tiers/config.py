@@ -15,7 +15,8 @@ from .remote import RemoteTier
 def build_cache(num_blocks: int, page_size: int = 16, policy: str = "lru", *, host_blocks: int = 0,
                 write_policy: str = "write_back", remote_hosts: int = 0, remote_blocks: int = 0,
                 redis_urls: Sequence[str] = (), load_back: str = "cost",
-                kv_shape: Optional[Sequence[int]] = None) -> Union[PrefixCache, TieredCache]:
+                kv_shape: Optional[Sequence[int]] = None,
+                enable_events: bool = False) -> Union[PrefixCache, TieredCache]:
     """A plain :class:`PrefixCache` when no tier is asked for, else a :class:`TieredCache`.
 
     ``host_blocks`` > 0 adds a host tier; ``remote_hosts`` x ``remote_blocks`` adds a
@@ -43,6 +44,6 @@ def build_cache(num_blocks: int, page_size: int = 16, policy: str = "lru", *, ho
     elif remote_hosts:
         tiers.append(RemoteTier(remote_blocks, num_hosts=remote_hosts, policy=policy))
     if not tiers and write_policy == "write_back":
-        return PrefixCache(num_blocks, page_size, policy, kv_shape)
+        return PrefixCache(num_blocks, page_size, policy, kv_shape, enable_events=enable_events)
     return TieredCache(num_blocks, page_size, policy, kv_shape, tiers=tiers, write_policy=write_policy,
-                       load_back=load_back)
+                       load_back=load_back, enable_events=enable_events)
