@@ -57,6 +57,12 @@ def format_table(rows: list, columns: list) -> str:
     return "\n".join(lines)
 
 
+def to_json(value: object) -> str:
+    """``value`` as strict JSON: a NaN or infinity raises ValueError (exit 2) rather than print
+    ``NaN``, which JSON parsers other than Python's refuse."""
+    return json.dumps(value, allow_nan=False)
+
+
 def positive(ctx, param, value):
     if value is not None and value <= 0:
         raise click.BadParameter(f"must be > 0, got {value!r}")
@@ -144,7 +150,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back)
     sink = open(records, "w", encoding="utf-8") if records else None
-    on_record = (lambda rec: sink.write(json.dumps(rec.as_dict()) + "\n")) if sink else None
+    on_record = (lambda rec: sink.write(to_json(rec.as_dict()) + "\n")) if sink else None
     try:
         with progress(bar_total(reader, quiet), quiet, "replay") as bar:
             result = replay(reader, cache, on_request=lambda r, h: bar.update(), on_record=on_record,
@@ -164,7 +170,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
                                             "transfer_seconds", "recomputed_tokens", "integrity_misses",
                                             "dropped_pages", "lost_pages")})
     if as_json:
-        click.echo(json.dumps(out))
+        click.echo(to_json(out))
     else:
         click.echo(format_table([out], ["policy", "page_size", "num_blocks", "requests", "prompt_tokens",
                                         "hit_tokens", "token_hit_rate", "evicted_blocks", "wall_seconds"]))
@@ -242,7 +248,7 @@ def named(option: str, parse: Callable, text: str):
 def write_jsonl(rows: list, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(to_json(row) + "\n")
 
 
 @main.command("sweep")
@@ -280,7 +286,7 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, limit, skip_
         write_jsonl(rows, output)
     if as_json:
         for row in rows:
-            click.echo(json.dumps(row))
+            click.echo(to_json(row))
     else:
         click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
         if rows and rows[0]["skipped_lines"]:
@@ -309,7 +315,7 @@ def curve_cmd(trace, page_size, capacities, fmt, limit, skip_bad, as_json, quiet
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
                             on_request=lambda r: bar.update())
     if as_json:
-        click.echo(json.dumps({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
+        click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
                                "trace": trace, "skipped_lines": reader.skipped}))

@@ -8,6 +8,7 @@ reasons and the per-request records are those of :mod:`radixkv.stats`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Union
@@ -92,8 +93,8 @@ def replay(
     price the hits in prefill FLOPs and seconds.
 
     Requests must come in arrival order: a timestamp before the previous one
-    raises ValueError naming the request, before that request is admitted
-    (requests without a timestamp are not checked).
+    raises ValueError naming the request, before that request is admitted, and
+    so does a NaN or infinite one (requests without a timestamp are not checked).
 
     Cost: the cache's ``admit`` per request, plus O(pages) vectorized numpy
     work per request with a miss for the miss reasons.
@@ -114,6 +115,8 @@ def replay(
     for request in requests:
         ts = request.timestamp
         if ts is not None:
+            if not math.isfinite(ts):  # NaN compares false both ways: it would switch the order check off
+                raise ArgumentValueError(f"requests[{stats.requests}].timestamp must be finite, got {ts!r}")
             if last_ts is not None and ts < last_ts:
                 raise ArgumentValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
                                          f"{last_ts!r}: replay needs requests in arrival order")
