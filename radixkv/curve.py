@@ -353,7 +353,8 @@ def _read_mooncake(path: str):
             raise TraceFormatError(path, line_no, f"hash_ids must be a list of ints, got {hash_ids!r:.80}")
         bad = [h for h in hash_ids if not 0 <= h <= MAX_MOONCAKE_HASH_ID]
         if bad:
-            raise TraceFormatError(path, line_no, f"hash_ids must be in [0, {MAX_MOONCAKE_HASH_ID}], got {bad[0]!r:.60}")
+            raise TraceFormatError(path, line_no,
+                                   f"hash_ids must be in [0, {MAX_MOONCAKE_HASH_ID}], got {bad[0]!r:.60}")
         if type(input_length) is not int or input_length < 0:
             raise TraceFormatError(path, line_no, f"input_length must be an int >= 0, got {input_length!r:.60}")
         yield line_no, hash_ids, input_length

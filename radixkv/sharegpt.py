@@ -52,7 +52,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .tokenizer import tokenize
-from .traces import TOKEN_DTYPE, Request, json_lines
+from .traces import TOKEN_DTYPE, Request, brief, json_lines
 
 ROLE_MARKERS = {
     "system": "<|im_start|>system\n",
@@ -208,7 +208,8 @@ def _read_text(path: str) -> str:
         raise TraceFormatError(path, data.count(b"\n", 0, exc.start) + 1, "invalid UTF-8") from None
 
 
-def _jsonl_objects(path: str, on_skip: Optional[Callable[[TraceFormatError], None]]) -> Iterator[tuple[object, int, int]]:
+def _jsonl_objects(path: str,
+                   on_skip: Optional[Callable[[TraceFormatError], None]]) -> Iterator[tuple[object, int, int]]:
     index = 0
     try:
         for line_number, obj in json_lines(path, skip_bad=on_skip is not None, on_skip=on_skip):
@@ -266,7 +267,7 @@ def _check_trailing(text: str, pos: int, path: str) -> None:
 def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer: Tokenize) -> list[_Turn]:
     where = f"conversation {index}"
     if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, f"{where}: expected a JSON object, got {_brief(obj)}")
+        raise TraceFormatError(path, line, f"{where}: expected a JSON object, got {brief(obj)}")
     for turns_key, role_key, content_key in _LAYOUTS:
         if turns_key in obj:
             break
@@ -274,12 +275,12 @@ def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer
         raise TraceFormatError(path, line, f"{where}: missing field 'conversations' (or 'messages')")
     raw_turns = obj[turns_key]
     if not isinstance(raw_turns, list):
-        raise TraceFormatError(path, line, f"{where}: field {turns_key!r} must be a list, got {_brief(raw_turns)}")
+        raise TraceFormatError(path, line, f"{where}: field {turns_key!r} must be a list, got {brief(raw_turns)}")
     turns = []
     for i, turn in enumerate(raw_turns):
         field = f"{turns_key}[{i}]"
         if not isinstance(turn, dict):
-            raise TraceFormatError(path, line, f"{where}: field {field!r} must be an object, got {_brief(turn)}")
+            raise TraceFormatError(path, line, f"{where}: field {field!r} must be an object, got {brief(turn)}")
         if role_key not in turn:
             raise TraceFormatError(path, line, f"{where}: missing field '{field}.{role_key}'")
         if content_key not in turn:
@@ -289,12 +290,12 @@ def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer
             raise TraceFormatError(
                 path, line,
                 f"{where}: field '{field}.{role_key}' must be one of {sorted(_ROLE_ALIASES)}, "
-                f"got {_brief(turn[role_key])}",
+                f"got {brief(turn[role_key])}",
             )
         content = turn[content_key]
         if not isinstance(content, str):
             raise TraceFormatError(
-                path, line, f"{where}: field '{field}.{content_key}' must be a string, got {_brief(content)}"
+                path, line, f"{where}: field '{field}.{content_key}' must be a string, got {brief(content)}"
             )
         try:
             turns.append((role, _encode(tokenizer, content)))
@@ -325,16 +326,11 @@ def _encode(tokenizer: Tokenize, text: str) -> np.ndarray:
     try:
         array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
     except TypeError:
-        raise ArgumentTypeError(f"tokenizer must return an iterable of ints, got {_brief(ids)}") from None
+        raise ArgumentTypeError(f"tokenizer must return an iterable of ints, got {brief(ids)}") from None
     if array.size == 0:
         return np.zeros(0, dtype=TOKEN_DTYPE)
     if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise ArgumentTypeError(f"tokenizer must return a 1-D sequence of ints, got {_brief(ids)}")
+        raise ArgumentTypeError(f"tokenizer must return a 1-D sequence of ints, got {brief(ids)}")
     if array.min() < 0 or array.max() > _MAX_TOKEN_ID:
-        raise ArgumentValueError(f"tokenizer returned ids outside [0, 2**32), got {_brief(ids)}")
+        raise ArgumentValueError(f"tokenizer returned ids outside [0, 2**32), got {brief(ids)}")
     return array.astype(TOKEN_DTYPE, copy=False)
-
-
-def _brief(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -153,7 +153,7 @@ def json_lines(path: str, *, skip_bad: bool = False,
             yield lineno, value
 
 
-def _brief(value: object) -> str:
+def brief(value: object) -> str:
     """``repr(value)`` cut to 60 characters, for an error message."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -169,7 +169,7 @@ def _field(record: dict, name: str, kind: type, path: str, lineno: int, required
     if kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok:
-        raise TraceFormatError(path, lineno, f"field {name!r} must be {kind.__name__}, got {_brief(value)}")
+        raise TraceFormatError(path, lineno, f"field {name!r} must be {kind.__name__}, got {brief(value)}")
     return value
 
 
@@ -177,7 +177,7 @@ def _count_field(record: dict, name: str, path: str, lineno: int, required: bool
     """An int field in ``[0, INT64_MAX]`` (a count of tokens), or ``None`` when optional and absent."""
     value = _field(record, name, int, path, lineno, required)
     if value is not None and not 0 <= value <= INT64_MAX:
-        raise TraceFormatError(path, lineno, f"field {name!r} must be in [0, {INT64_MAX}], got {_brief(value)}")
+        raise TraceFormatError(path, lineno, f"field {name!r} must be in [0, {INT64_MAX}], got {brief(value)}")
     return value
 
 
@@ -192,7 +192,7 @@ def _time_field(record: dict, path: str, lineno: int, per_second: float) -> Opti
     except OverflowError:
         seconds = math.inf
     if not math.isfinite(seconds):
-        raise TraceFormatError(path, lineno, f"field 'timestamp' must be a finite number, got {_brief(value)}")
+        raise TraceFormatError(path, lineno, f"field 'timestamp' must be a finite number, got {brief(value)}")
     return seconds
 
 
@@ -204,7 +204,7 @@ def _namespace_field(record: dict, path: str, lineno: int) -> Optional[str]:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise TraceFormatError(path, lineno, f"field 'namespace' holds a lone surrogate at character "
-                                   f"{exc.start}, got {_brief(value)}") from None
+                                   f"{exc.start}, got {brief(value)}") from None
     return value
 
 
@@ -212,13 +212,13 @@ def _int_list(record: dict, name: str, path: str, lineno: int, limit: int) -> np
     values = _field(record, name, list, path, lineno)
     if not all(type(v) is int for v in values):
         bad = next(v for v in values if type(v) is not int)
-        raise TraceFormatError(path, lineno, f"field {name!r} must hold ints, got {_brief(bad)}")
+        raise TraceFormatError(path, lineno, f"field {name!r} must hold ints, got {brief(bad)}")
     if not values:
         return np.empty(0, dtype=np.int64)
     lo, hi = min(values), max(values)  # Python ints: checked before numpy, which overflows past int64
     if lo < 0 or hi > limit:
         bad = lo if lo < 0 else hi
-        raise TraceFormatError(path, lineno, f"field {name!r} value {_brief(bad)} outside [0, {limit}]")
+        raise TraceFormatError(path, lineno, f"field {name!r} value {brief(bad)} outside [0, {limit}]")
     return np.asarray(values, dtype=np.int64)
 
 
