@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import warnings
 from typing import Callable, Optional
 
 import click
@@ -55,6 +56,12 @@ def format_table(rows: list, columns: list) -> str:
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(row, widths)) + " |" for row in cells]
     return "\n".join(lines)
+
+
+def to_json(value: object) -> str:
+    """``value`` as strict JSON: a NaN or infinity raises ValueError (exit 2) rather than print
+    ``NaN``, which JSON parsers other than Python's refuse."""
+    return json.dumps(value, allow_nan=False)
 
 
 def positive(ctx, param, value):
@@ -144,15 +151,19 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
     from .events_wire import publish_from
     from .tiers.config import build_cache
 
+    check_remote_flags(remote_hosts, remote_blocks, redis_urls)
     reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back, enable_events=publisher is not None)
     sink = open(records, "w", encoding="utf-8") if records else None
-    on_record = (lambda rec: sink.write(json.dumps(rec.as_dict()) + "\n")) if sink else None
+    on_record = (lambda rec: sink.write(to_json(rec.as_dict()) + "\n")) if sink else None
     try:
-        with progress(bar_total(reader, quiet), quiet, "replay") as bar:
+        with progress(bar_total(reader, quiet), quiet, "replay") as bar, warnings.catch_warnings():
+            # A failing tier warns through Python's warnings; its counters are reported below instead.
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"radixkv\.tiers(\.|$)")
+
             def on_request(request, hit):
                 bar.update()
                 if publisher is not None:
@@ -169,18 +180,23 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
             cache.close()
     out = result.as_dict()
     out["skipped_lines"] = reader.skipped
-    if hasattr(cache, "tier_stats"):
+    tiered = hasattr(cache, "tier_stats")
+    if tiered:
         stats = cache.tier_stats().as_dict()
         out.update(write_policy=write_policy, host_blocks=host_blocks,
                    remote_hosts=len(redis_urls) or remote_hosts, remote_blocks=remote_blocks,
-                   **{k: stats[k] for k in ("hit_tokens_by_tier", "bytes_by_link", "bytes_by_route",
-                                            "transfer_seconds", "recomputed_tokens", "integrity_misses",
-                                            "dropped_pages", "lost_pages")})
+                   **{k: stats.get(k, 0) for k in ("hit_tokens_by_tier", "bytes_by_link", "bytes_by_route",
+                                                   "transfer_seconds", "recomputed_tokens", "integrity_misses",
+                                                   "dropped_pages", "lost_pages")},
+                   **tier_faults(cache.tiers))
     if as_json:
-        click.echo(json.dumps(out))
+        click.echo(to_json(out))
     else:
         click.echo(format_table([out], ["policy", "page_size", "num_blocks", "requests", "prompt_tokens",
                                         "hit_tokens", "token_hit_rate", "evicted_blocks", "wall_seconds"]))
+        if tiered:
+            click.echo()
+            click.echo(format_table([tier_row(out)], TIER_COLUMNS))
         if result.miss_tokens_by_reason:
             click.echo()
             click.echo(format_table(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"]))
@@ -188,6 +204,55 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
                    f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
         if reader.skipped:
             click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+    if tiered and (out["lost_hosts"] or out["backend_errors"]):
+        click.echo(f"radixkv: warning: {fault_summary(out)}", err=True)
+
+
+def check_remote_flags(remote_hosts: int, remote_blocks: int, redis_urls: tuple) -> None:
+    """Refuse inconsistent remote-tier flags with a message naming the flags."""
+    if redis_urls and remote_hosts and remote_hosts != len(redis_urls):
+        raise ArgumentValueError(f"--remote-hosts {remote_hosts} does not match the {len(redis_urls)} --redis "
+                                 "URL(s): each URL is one remote host")
+    if (remote_hosts or redis_urls) and not remote_blocks:
+        flag = "--redis" if redis_urls else "--remote-hosts"
+        raise ArgumentValueError(f"{flag} needs --remote-blocks N (page slots per remote host), got none")
+    if remote_blocks and not (remote_hosts or redis_urls):
+        raise ArgumentValueError(f"--remote-blocks {remote_blocks} needs --remote-hosts N or --redis URL")
+
+
+def tier_faults(tiers: list) -> dict:
+    """``backend_errors`` (failed backend calls), ``lost_hosts`` (remote hosts found dead, by URL when the
+    backend has them) and ``last_backend_error`` of the lower tiers. Counters are read by name, and a tier
+    without them counts nothing."""
+    errors, lost, last = 0, [], None
+    for tier in tiers:
+        errors += int(getattr(tier, "backend_errors", 0) or 0)
+        last = getattr(tier, "last_backend_error", None) or last
+        urls = getattr(getattr(tier, "backend", None), "urls", None) or []
+        for host in getattr(tier, "lost_hosts", None) or []:
+            lost.append(urls[host] if 0 <= host < len(urls) else f"{tier.name} host {host}")
+    return {"backend_errors": errors, "lost_hosts": lost,
+            "last_backend_error": None if last is None else repr(last)[:200]}
+
+
+TIER_COLUMNS = ["hit_tokens_by_tier", "transfer_seconds", "recomputed_tokens", "integrity_misses",
+                "dropped_pages", "lost_pages", "lost_hosts", "backend_errors"]
+
+
+def tier_row(out: dict) -> dict:
+    """The tier table's row of a replay's JSON: hits as ``hbm 4, host 4``, lost hosts counted."""
+    hits = ", ".join(f"{tier} {tokens}" for tier, tokens in out["hit_tokens_by_tier"].items())
+    return {**out, "hit_tokens_by_tier": hits, "lost_hosts": len(out["lost_hosts"])}
+
+
+def fault_summary(out: dict) -> str:
+    """One line on what failed below HBM during a replay and what it cost."""
+    parts = []
+    if out["lost_hosts"]:
+        parts.append(f"remote host(s) lost: {', '.join(out['lost_hosts'])} ({out['lost_pages']} pages lost)")
+    if out["backend_errors"]:
+        parts.append(f"{out['backend_errors']} remote backend call(s) failed (last: {out['last_backend_error']})")
+    return "; ".join(parts) + "; those pages were recomputed, so the hit rates are below a healthy run's"
 
 
 def kv_events_publisher(endpoint: Optional[str], replay_endpoint: Optional[str], write_policy: str):
@@ -270,7 +335,7 @@ def named(option: str, parse: Callable, text: str):
 def write_jsonl(rows: list, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(to_json(row) + "\n")
 
 
 @main.command("sweep")
@@ -308,7 +373,7 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, limit, skip_
         write_jsonl(rows, output)
     if as_json:
         for row in rows:
-            click.echo(json.dumps(row))
+            click.echo(to_json(row))
     else:
         click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
         if rows and rows[0]["skipped_lines"]:
@@ -337,7 +402,7 @@ def curve_cmd(trace, page_size, capacities, fmt, limit, skip_bad, as_json, quiet
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
                             on_request=lambda r: bar.update())
     if as_json:
-        click.echo(json.dumps({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
+        click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
                                "trace": trace, "skipped_lines": reader.skipped}))

@@ -335,17 +335,38 @@ class CostModel:
         n = _count("num_pages", num_pages)
         return self._tier_seconds(tier, n) < self.recompute_seconds(start_token, n * self.page_size)
 
-    def ttft_saving_seconds(self, hit_tokens: int, prompt_tokens: int) -> float:
-        """Prefill seconds saved by a cached prefix of ``hit_tokens`` of a ``prompt_tokens`` prompt.
+    def ttft_saving_seconds(self, hit_tokens: int, prompt_tokens: int,
+                            loaded_pages: Optional[Mapping[str, int]] = None) -> float:
+        """Prefill seconds saved by a cached prefix of ``hit_tokens`` of a ``prompt_tokens`` prompt,
+        ``loaded_pages[tier]`` of whose pages were loaded from lower tier ``tier`` into HBM.
 
-        The prefix's recompute time: the suffix attends over the prefix keys
-        either way. Load-back time of spilled pages is not subtracted. O(1).
+        The prefix's recompute time (the suffix attends over the prefix keys
+        either way) minus the load time of its lower-tier pages, each tier's
+        pages as one transfer over that tier's path (:meth:`transfer_seconds`);
+        never below zero. No overlap of transfer with compute is assumed: the
+        pages are loaded before the prefill of the missed suffix starts (the
+        engine matches, loads, then computes), so the whole load time is on the
+        request's critical path. An engine that overlaps layer-wise loads with
+        compute saves more; this is the conservative figure. O(tiers loaded from).
         """
         prompt = _count("prompt_tokens", prompt_tokens)
         hit = _count("hit_tokens", hit_tokens)
         if hit > prompt:
             raise CostArgumentError(f"hit_tokens must be <= prompt_tokens={prompt}, got {hit!r}")
-        return self.recompute_seconds(0, hit)
+        saving = self.recompute_seconds(0, hit)
+        if loaded_pages:
+            pages = {tier: _count(f"loaded_pages[{tier!r}]", n) for tier, n in loaded_pages.items()}
+            if sum(pages.values()) * self.page_size > hit:
+                raise CostArgumentError(f"loaded_pages must hold at most hit_tokens={hit} tokens "
+                                        f"({self.page_size} per page), got {loaded_pages!r}")
+            saving -= sum(self._tier_seconds(tier, n) for tier, n in pages.items())
+        return max(saving, 0.0)
+
+    def with_specs(self, model: ModelSpec, hardware: HardwareSpec) -> "CostModel":
+        """The same page size, tier paths and extra links for another model on another accelerator
+        (whose ``"pcie"`` and ``"network"`` links replace this one's)."""
+        extra = {name: link for name, link in self.links.items() if name not in self.hardware.links()}
+        return CostModel(model, hardware, self.page_size, tier_paths=self.tier_paths, extra_links=extra)
 
     def page_recompute_seconds(self, page_index: int) -> float:
         """Seconds to recompute page ``page_index`` (tokens ``[i*P, (i+1)*P)``): ``a + b*i``. O(1)."""

@@ -38,7 +38,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -46,14 +45,10 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .keys import as_tokens
-from .traces import MOONCAKE_BLOCK_TOKENS, TOKEN_DTYPE, expand_mooncake
+from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, expand_mooncake, json_lines
 
 __all__ = ["CurveResult", "LruStackDistances", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
 
-# expand_mooncake emits uint32 tokens h*512 .. h*512+511; beyond this hash id
-# they wrap around, and page identities derived from hash ids would disagree
-# with the expanded tokens.
-_MAX_MOONCAKE_HASH_ID = (int(np.iinfo(TOKEN_DTYPE).max) + 1) // MOONCAKE_BLOCK_TOKENS - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,8 +338,6 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
         used = -(-num_tokens // MOONCAKE_BLOCK_TOKENS)
         block_ids, parent = [], -1
         for h in hash_ids[:used]:
-            if not 0 <= h <= _MAX_MOONCAKE_HASH_ID:
-                raise TraceFormatError(path, line_no, f"hash_ids must be in [0, {_MAX_MOONCAKE_HASH_ID}], got {h!r}")
             parent = blocks.setdefault((parent, h), len(blocks))
             block_ids.append(parent)
         stack.add(mooncake_page_ids(block_ids, num_tokens, page_size), num_tokens)
@@ -352,22 +345,19 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
 
 
 def _read_mooncake(path: str):
-    """Yield ``(line number, hash_ids, input_length)`` per non-blank line, validating types."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, line_no, f"not JSON: {exc}") from None
-            hash_ids = record.get("hash_ids") if isinstance(record, dict) else None
-            input_length = record.get("input_length") if isinstance(record, dict) else None
-            if not isinstance(hash_ids, list) or not all(type(h) is int for h in hash_ids):
-                raise TraceFormatError(path, line_no, f"hash_ids must be a list of ints, got {hash_ids!r:.80}")
-            if type(input_length) is not int or input_length < 0:
-                raise TraceFormatError(path, line_no, f"input_length must be an int >= 0, got {input_length!r}")
-            yield line_no, hash_ids, input_length
+    """Yield ``(line number, hash_ids, input_length)`` per non-blank line, validating types and ranges."""
+    for line_no, record in json_lines(path):
+        hash_ids = record.get("hash_ids") if isinstance(record, dict) else None
+        input_length = record.get("input_length") if isinstance(record, dict) else None
+        if not isinstance(hash_ids, list) or not all(type(h) is int for h in hash_ids):
+            raise TraceFormatError(path, line_no, f"hash_ids must be a list of ints, got {hash_ids!r:.80}")
+        bad = [h for h in hash_ids if not 0 <= h <= MAX_MOONCAKE_HASH_ID]
+        if bad:
+            raise TraceFormatError(path, line_no,
+                                   f"hash_ids must be in [0, {MAX_MOONCAKE_HASH_ID}], got {bad[0]!r:.60}")
+        if type(input_length) is not int or input_length < 0:
+            raise TraceFormatError(path, line_no, f"input_length must be an int >= 0, got {input_length!r:.60}")
+        yield line_no, hash_ids, input_length
 
 
 def _build_fenwick(live: np.ndarray) -> np.ndarray:

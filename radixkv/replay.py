@@ -8,6 +8,7 @@ reasons and the per-request records are those of :mod:`radixkv.stats`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Union
@@ -41,7 +42,9 @@ class ReplayResult:
             ``prompt_tokens``. Empty when replayed with ``miss_reasons=False``.
         model, hardware: names of the specs behind the two estimates below.
         prefill_flops_saved: sum over requests of ``prefill_flops(model, 0, hit_tokens)``.
-        ttft_saving_seconds: prefill seconds those hits saved, summed over requests
+        ttft_saving_seconds: prefill seconds those hits saved, summed over requests: the hit
+            prefix's recompute time less the load time of the pages a tiered cache loaded from
+            its lower tiers (no overlap of load and compute assumed), at least 0 per request
             (:meth:`radixkv.costs.CostModel.ttft_saving_seconds`).
         first_timestamp, last_timestamp: arrival times of the first and last
             requests with one (``None`` when the trace has none).
@@ -89,11 +92,13 @@ def replay(
     --records``). ``miss_reasons`` classifies every missed token (see
     :mod:`radixkv.stats`; memory grows with the distinct pages ever cached).
     ``model`` / ``hardware`` (specs or preset names of :mod:`radixkv.costs`)
-    price the hits in prefill FLOPs and seconds.
+    price the hits in prefill FLOPs and seconds; a tiered cache's hits loaded
+    from a lower tier are priced with the transfer time over that tier's path
+    in its ``cost_model`` (for ``model`` on ``hardware``).
 
     Requests must come in arrival order: a timestamp before the previous one
-    raises ValueError naming the request, before that request is admitted
-    (requests without a timestamp are not checked).
+    raises ValueError naming the request, before that request is admitted, and
+    so does a NaN or infinite one (requests without a timestamp are not checked).
 
     Cost: the cache's ``admit`` per request, plus O(pages) vectorized numpy
     work per request with a miss for the miss reasons.
@@ -108,12 +113,19 @@ def replay(
         if iter(requests) is requests:
             requests = list(requests)
         cache.policy.prepare(requests, cache.page_size, cache.clock + 1)
-    stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons)
+    # A tiered cache's cost model: its lower-tier hits cost a load.
+    tier_costs = getattr(cache, "cost_model", None) if hasattr(cache, "hit_tokens_by_tier") else None
+    stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
+                        tier_costs=tier_costs)
+    lower_tiers = tuple(tier_costs.tier_paths) if tier_costs is not None else ()
     admit, add, want_record = cache.admit, stats.add, on_record is not None
+    loaded = None
     first_ts = last_ts = None
     for request in requests:
         ts = request.timestamp
         if ts is not None:
+            if not math.isfinite(ts):  # NaN compares false both ways: it would switch the order check off
+                raise ArgumentValueError(f"requests[{stats.requests}].timestamp must be finite, got {ts!r}")
             if last_ts is not None and ts < last_ts:
                 raise ArgumentValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
                                          f"{last_ts!r}: replay needs requests in arrival order")
@@ -122,11 +134,14 @@ def replay(
             last_ts = ts
         other = other_namespace_pages(cache, request) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
+        before = cache.hit_tokens_by_tier if lower_tiers else None
         admission = admit(request.tokens, namespace=request.namespace)
         admission.release()
         hit = admission.hit_tokens
+        if before is not None:
+            loaded = pages_loaded(before, cache.hit_tokens_by_tier, lower_tiers, cache.page_size)
         record = add(request, hit, len(admission.new_blocks), cache.declined_blocks - declined0,
-                     cache.evicted_blocks - evicted0, other, want_record=want_record)
+                     cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record)
         if on_request is not None:
             on_request(request, hit)
         if record is not None:
@@ -152,3 +167,9 @@ def replay(
         first_timestamp=first_ts,
         last_timestamp=last_ts,
     )
+
+
+def pages_loaded(before: Dict[str, int], after: Dict[str, int], tiers: tuple, page_size: int) -> Dict[str, int]:
+    """Pages each of ``tiers`` served between two readings of a tiered cache's ``hit_tokens_by_tier``."""
+    deltas = {t: after.get(t, 0) - before.get(t, 0) for t in tiers}
+    return {t: d // page_size for t, d in deltas.items() if d}

@@ -52,7 +52,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .tokenizer import tokenize
-from .traces import TOKEN_DTYPE, Request
+from .traces import TOKEN_DTYPE, Request, brief, json_lines
 
 ROLE_MARKERS = {
     "system": "<|im_start|>system\n",
@@ -95,6 +95,7 @@ def load_sharegpt(
     *,
     num_sessions: int = 16,
     request_rate: float = 1.0,
+    on_skip: Optional[Callable[[TraceFormatError], None]] = None,
 ) -> Iterator[Request]:
     """Requests of a ShareGPT-style JSON or JSONL file, conversations interleaved.
 
@@ -106,6 +107,9 @@ def load_sharegpt(
             the built-in :func:`radixkv.tokenizer.tokenize`.
         num_sessions: conversations open at once, served round-robin.
         request_rate: requests per second of the synthetic timestamps.
+        on_skip: when given, a malformed conversation (or JSONL line) is passed
+            to it and left out instead of raised. A JSON list whose syntax
+            breaks cannot be resynchronised: that error is raised all the same.
 
     Returns:
         A lazy iterator. Parameters and the file's existence are checked
@@ -130,10 +134,12 @@ def load_sharegpt(
         raise ArgumentValueError(f"request_rate must be finite and > 0, got {request_rate!r}")
     if tokenizer is not None and not callable(tokenizer):
         raise ArgumentTypeError(f"tokenizer must be callable, got {tokenizer!r}")
+    if on_skip is not None and not callable(on_skip):
+        raise ArgumentTypeError(f"on_skip must be callable, got {on_skip!r}")
     name = os.fspath(path)
     os.stat(name)  # a missing file fails now, not at the first next()
     return _interleave(
-        _conversations(name, tokenizer or tokenize), int(num_sessions), float(request_rate)
+        _conversations(name, tokenizer or tokenize, on_skip), int(num_sessions), float(request_rate)
     )
 
 
@@ -162,41 +168,55 @@ def _serve_one(active: deque, index: int, request_rate: float) -> Iterator[Reque
     return index
 
 
-def _conversations(path: str, tokenizer: Tokenize) -> Iterator[Iterator[tuple[np.ndarray, int]]]:
+def _conversations(path: str, tokenizer: Tokenize,
+                   on_skip: Optional[Callable[[TraceFormatError], None]]) -> Iterator[Iterator[tuple[np.ndarray, int]]]:
     """Each conversation of the file as an iterator of (prompt, output_length), in file order."""
-    with open(path, "r", encoding="utf-8-sig") as handle:  # tolerate a BOM
-        first = _first_char(handle)
-        handle.seek(0)
-        if first == "[":
-            objects = _json_list_objects(handle.read(), path)
-        else:
-            objects = _jsonl_objects(handle, path)
-        for obj, line, index in objects:
-            turns = _parse_conversation(obj, path, line, index, tokenizer)
-            yield _prompts(turns, tokenizer)
-
-
-def _first_char(handle) -> str:
-    while True:
-        chunk = handle.read(4096)
-        if not chunk:
-            return ""
-        stripped = chunk.lstrip()
-        if stripped:
-            return stripped[0]
-
-
-def _jsonl_objects(handle, path: str) -> Iterator[tuple[object, int, int]]:
-    index = 0
-    for line_number, line in enumerate(handle, start=1):
-        if not line.strip():
-            continue
+    if _first_char(path) == "[":
+        objects = _json_list_objects(_read_text(path), path)
+    else:
+        objects = _jsonl_objects(path, on_skip)
+    for obj, line, index in objects:
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(path, line_number, f"conversation {index}: invalid JSON: {exc.msg}") from None
-        yield obj, line_number, index
-        index += 1
+            turns = _parse_conversation(obj, path, line, index, tokenizer)
+        except TraceFormatError as exc:
+            if on_skip is None:
+                raise
+            on_skip(exc)
+            continue
+        yield _prompts(turns, tokenizer)
+
+
+def _first_char(path: str) -> str:
+    """The first character that is not whitespace (nor a byte order mark), or ``""``."""
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(4096)
+            if not chunk:
+                return ""
+            stripped = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
+            if stripped:
+                return chr(stripped[0])
+
+
+def _read_text(path: str) -> str:
+    """The whole file as text (a BOM dropped); invalid UTF-8 is a :class:`TraceFormatError` naming its line."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, data.count(b"\n", 0, exc.start) + 1, "invalid UTF-8") from None
+
+
+def _jsonl_objects(path: str,
+                   on_skip: Optional[Callable[[TraceFormatError], None]]) -> Iterator[tuple[object, int, int]]:
+    index = 0
+    try:
+        for line_number, obj in json_lines(path, skip_bad=on_skip is not None, on_skip=on_skip):
+            yield obj, line_number, index
+            index += 1
+    except TraceFormatError as exc:
+        raise TraceFormatError(path, exc.line, f"conversation {index}: {exc.message}") from None
 
 
 def _json_list_objects(text: str, path: str) -> Iterator[tuple[object, int, int]]:
@@ -216,6 +236,9 @@ def _json_list_objects(text: str, path: str) -> Iterator[tuple[object, int, int]
             obj, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
             raise TraceFormatError(path, exc.lineno, f"conversation {index}: invalid JSON: {exc.msg}") from None
+        except (ValueError, RecursionError) as exc:  # a 5000-digit number, 100000 nested lists
+            reason = str(exc)[:80] or type(exc).__name__
+            raise TraceFormatError(path, line, f"conversation {index}: invalid JSON: {reason}") from None
         yield obj, line, index
         index += 1
         pos = _skip_ws(text, pos)
@@ -244,7 +267,7 @@ def _check_trailing(text: str, pos: int, path: str) -> None:
 def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer: Tokenize) -> list[_Turn]:
     where = f"conversation {index}"
     if not isinstance(obj, dict):
-        raise TraceFormatError(path, line, f"{where}: expected a JSON object, got {_brief(obj)}")
+        raise TraceFormatError(path, line, f"{where}: expected a JSON object, got {brief(obj)}")
     for turns_key, role_key, content_key in _LAYOUTS:
         if turns_key in obj:
             break
@@ -252,12 +275,12 @@ def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer
         raise TraceFormatError(path, line, f"{where}: missing field 'conversations' (or 'messages')")
     raw_turns = obj[turns_key]
     if not isinstance(raw_turns, list):
-        raise TraceFormatError(path, line, f"{where}: field {turns_key!r} must be a list, got {_brief(raw_turns)}")
+        raise TraceFormatError(path, line, f"{where}: field {turns_key!r} must be a list, got {brief(raw_turns)}")
     turns = []
     for i, turn in enumerate(raw_turns):
         field = f"{turns_key}[{i}]"
         if not isinstance(turn, dict):
-            raise TraceFormatError(path, line, f"{where}: field {field!r} must be an object, got {_brief(turn)}")
+            raise TraceFormatError(path, line, f"{where}: field {field!r} must be an object, got {brief(turn)}")
         if role_key not in turn:
             raise TraceFormatError(path, line, f"{where}: missing field '{field}.{role_key}'")
         if content_key not in turn:
@@ -267,14 +290,19 @@ def _parse_conversation(obj: object, path: str, line: int, index: int, tokenizer
             raise TraceFormatError(
                 path, line,
                 f"{where}: field '{field}.{role_key}' must be one of {sorted(_ROLE_ALIASES)}, "
-                f"got {_brief(turn[role_key])}",
+                f"got {brief(turn[role_key])}",
             )
         content = turn[content_key]
         if not isinstance(content, str):
             raise TraceFormatError(
-                path, line, f"{where}: field '{field}.{content_key}' must be a string, got {_brief(content)}"
+                path, line, f"{where}: field '{field}.{content_key}' must be a string, got {brief(content)}"
             )
-        turns.append((role, _encode(tokenizer, content)))
+        try:
+            turns.append((role, _encode(tokenizer, content)))
+        except UnicodeEncodeError as exc:  # JSON can spell a lone surrogate ("\\ud800"); UTF-8 cannot
+            raise TraceFormatError(
+                path, line, f"{where}: field '{field}.{content_key}' holds a lone surrogate at character {exc.start}"
+            ) from None
     return turns
 
 
@@ -298,16 +326,11 @@ def _encode(tokenizer: Tokenize, text: str) -> np.ndarray:
     try:
         array = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
     except TypeError:
-        raise ArgumentTypeError(f"tokenizer must return an iterable of ints, got {_brief(ids)}") from None
+        raise ArgumentTypeError(f"tokenizer must return an iterable of ints, got {brief(ids)}") from None
     if array.size == 0:
         return np.zeros(0, dtype=TOKEN_DTYPE)
     if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise ArgumentTypeError(f"tokenizer must return a 1-D sequence of ints, got {_brief(ids)}")
+        raise ArgumentTypeError(f"tokenizer must return a 1-D sequence of ints, got {brief(ids)}")
     if array.min() < 0 or array.max() > _MAX_TOKEN_ID:
-        raise ArgumentValueError(f"tokenizer returned ids outside [0, 2**32), got {_brief(ids)}")
+        raise ArgumentValueError(f"tokenizer returned ids outside [0, 2**32), got {brief(ids)}")
     return array.astype(TOKEN_DTYPE, copy=False)
-
-
-def _brief(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -45,11 +45,16 @@ class Trace:
         self.format = format
         self.limit = limit
         self._options = sharegpt_options
+        self._skip_bad = skip_bad
+        self._skipped = 0
         self._reader = TraceReader(path, format, limit=limit, skip_bad=skip_bad) if format in FORMATS else None
 
     @property
     def skipped(self) -> int:
-        return self._reader.skipped if self._reader is not None else 0
+        return self._reader.skipped if self._reader is not None else self._skipped
+
+    def _skip(self, error: TraceFormatError) -> None:
+        self._skipped += 1
 
     def __iter__(self) -> Iterator[Request]:
         if self._reader is not None:
@@ -59,12 +64,13 @@ class Trace:
     def _sharegpt(self) -> Iterator[Request]:
         from .sharegpt import load_sharegpt
 
-        requests = load_sharegpt(self.path, **self._options)
+        self._skipped = 0
+        requests = load_sharegpt(self.path, **self._options, on_skip=self._skip if self._skip_bad else None)
         count = 0
         for request in itertools.islice(requests, self.limit) if self.limit is not None else requests:
             count += 1
             yield request
-        if count == 0 and self.limit != 0:
+        if count == 0 and self.limit != 0 and self._skipped == 0:
             raise TraceFormatError(self.path, 0, "trace is empty (no user turns)")
 
     def size_hint(self) -> Optional[int]:
@@ -87,14 +93,15 @@ def detect_format(path: str) -> str:
     Mooncake; anything else is read as token JSONL (whose reader then names
     what is wrong).
     """
-    with open(path, "r", encoding="utf-8-sig") as f:
-        for line in f:
-            text = line.strip()
+    with open(path, "rb") as f:
+        for raw in f:
+            # Undecodable bytes only need to be told apart here; the reader names their line.
+            text = raw.decode("utf-8-sig", errors="replace").strip()
             if not text:
                 continue
             try:
                 record = json.loads(text)
-            except json.JSONDecodeError:  # a JSON list spread over lines is ShareGPT's release layout
+            except (ValueError, RecursionError):  # a JSON list spread over lines is ShareGPT's release layout
                 return "sharegpt" if text.startswith("[") else "tokens"
             if isinstance(record, list) and record:
                 record = record[0]
@@ -111,12 +118,13 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
     Args:
         format: one of :data:`TRACE_FORMATS`, or ``None`` to detect (:func:`detect_format`).
         limit: stop after this many requests.
-        skip_bad: count and skip malformed lines (token and Mooncake JSONL only).
+        skip_bad: count and skip malformed lines (ShareGPT: malformed conversations; a JSON
+            list with broken syntax still raises).
         num_sessions, request_rate: ShareGPT interleaving and synthetic arrival rate
             (see :func:`radixkv.sharegpt.load_sharegpt`).
 
     Raises:
-        ValueError: an unknown format, a bad ``limit``, or ``skip_bad`` with ShareGPT.
+        ValueError: an unknown format or a bad ``limit``.
         OSError: the file cannot be read.
     """
     path = os.fspath(path)
@@ -125,6 +133,4 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
     fmt = format or detect_format(path)
-    if fmt == "sharegpt" and skip_bad:
-        raise ArgumentValueError(f"{path}: skip_bad is not supported for sharegpt traces")
     return Trace(path, fmt, limit, skip_bad, {"num_sessions": num_sessions, "request_rate": request_rate})

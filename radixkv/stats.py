@@ -43,11 +43,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional, Union
+from typing import Dict, Mapping, Optional, Union
 
 import numpy as np
 
-from .costs import HardwareSpec, ModelSpec, get_hardware, get_model, prefill_flops
+from .costs import CostModel, HardwareSpec, ModelSpec, get_hardware, get_model, prefill_flops
 from .errors import ArgumentTypeError
 from .traces import TOKEN_DTYPE, Request
 
@@ -76,7 +76,8 @@ class RequestRecord:
         miss_tokens_by_reason: missed tokens per reason (:data:`MISS_REASONS`); empty when
             miss reasons are off.
         prefill_flops_saved: ``prefill_flops(model, 0, hit_tokens)``.
-        ttft_saving_seconds: prefill time of the hit prefix on the chosen hardware.
+        ttft_saving_seconds: prefill time of the hit prefix on the chosen hardware, less the
+            load time of its pages that came from lower tiers (at least 0).
     """
 
     index: int
@@ -225,13 +226,16 @@ class ReplayStats:
             or a preset name, for the FLOPs and TTFT estimates.
         miss_reasons: classify missed tokens by reason (:class:`PageHistory`; memory grows
             with the distinct pages ever cached). Off: ``miss_tokens_by_reason`` stays empty.
+        tier_costs: a tiered cache's :class:`~radixkv.costs.CostModel`, whose tier paths and
+            links price pages loaded from lower tiers (for ``model`` on ``hardware``).
 
     Cost of :meth:`add`: O(1) for a request that hits every full page; otherwise
     O(pages) numpy work to key the pages (see the module doc).
     """
 
     def __init__(self, page_size: int, *, model: Union[str, ModelSpec] = DEFAULT_MODEL,
-                 hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE, miss_reasons: bool = True) -> None:
+                 hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE, miss_reasons: bool = True,
+                 tier_costs: Optional[CostModel] = None) -> None:
         self.page_size = page_size
         self.model = get_model(model) if isinstance(model, str) else model
         self.hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
@@ -239,6 +243,10 @@ class ReplayStats:
             raise ArgumentTypeError(f"model must be a ModelSpec or a preset name, got {model!r}")
         if not isinstance(self.hardware, HardwareSpec):
             raise ArgumentTypeError(f"hardware must be a HardwareSpec or a preset name, got {hardware!r}")
+        if tier_costs is not None and not isinstance(tier_costs, CostModel):
+            raise ArgumentTypeError(f"tier_costs must be a CostModel, got {tier_costs!r}")
+        self.costs = (tier_costs.with_specs(self.model, self.hardware) if tier_costs is not None
+                      else CostModel(self.model, self.hardware, page_size))
         self.requests = 0
         self.prompt_tokens = 0
         self.hit_tokens = 0
@@ -247,24 +255,26 @@ class ReplayStats:
         self.declined_blocks = 0
         self.evicted_blocks = 0
         self.prefill_flops_saved = 0
+        self.ttft_saving_seconds = 0.0
+        """Prefill seconds the hits saved, summed over requests: per request, the hit prefix's
+        recompute time less the load time of its lower-tier pages, at least 0
+        (:meth:`radixkv.costs.CostModel.ttft_saving_seconds`)."""
         self.miss_tokens_by_reason: Dict[str, int] = dict.fromkeys(MISS_REASONS, 0) if miss_reasons else {}
         self._keys = PrefixKeys(page_size) if miss_reasons else None
         self._history = PageHistory() if miss_reasons else None
 
-    @property
-    def ttft_saving_seconds(self) -> float:
-        """Prefill seconds the hits saved, summed over requests (FLOPs saved / effective FLOP/s)."""
-        return self.prefill_flops_saved / self.hardware.flops
-
     def add(self, request: Request, hit_tokens: int, admitted: int, declined: int, evicted: int,
-            other_pages: int = 0, *, want_record: bool = False) -> Optional[RequestRecord]:
+            other_pages: int = 0, *, loaded_pages: Optional[Mapping[str, int]] = None,
+            want_record: bool = False) -> Optional[RequestRecord]:
         """Count one admitted request: ``hit_tokens`` served, ``admitted`` pages cached, ``declined``
         pages refused by the policy, ``evicted`` blocks evicted for it; ``other_pages`` is
-        :func:`other_namespace_pages` taken before admitting it. Returns its record when ``want_record``.
+        :func:`other_namespace_pages` taken before admitting it; ``loaded_pages`` maps a lower tier
+        to the hit pages loaded from it. Returns its record when ``want_record``.
         """
         tokens = request.tokens
         prompt = len(tokens)
         flops = prefill_flops(self.model, 0, hit_tokens) if hit_tokens else 0
+        saving = self.costs.ttft_saving_seconds(hit_tokens, prompt, loaded_pages) if hit_tokens else 0.0
         self.requests += 1
         self.prompt_tokens += prompt
         self.hit_tokens += hit_tokens
@@ -273,11 +283,12 @@ class ReplayStats:
         self.declined_blocks += declined
         self.evicted_blocks += evicted
         self.prefill_flops_saved += flops
+        self.ttft_saving_seconds += saving
         misses = self._classify(request, hit_tokens, admitted, declined, other_pages) if self._keys is not None else {}
         if not want_record:
             return None
         return RequestRecord(self.requests - 1, request.timestamp, request.namespace, prompt, hit_tokens, admitted, declined,
-                             evicted, misses, flops, flops / self.hardware.flops)
+                             evicted, misses, flops, saving)
 
     def _classify(self, request: Request, hit_tokens: int, admitted: int, declined: int, other: int) -> Dict[str, int]:
         """Add the request's missed tokens to :attr:`miss_tokens_by_reason`; return its own counts."""

@@ -14,8 +14,9 @@ replays without being loaded whole:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from .errors import ArgumentValueError, TraceFormatError
 
 MOONCAKE_BLOCK_TOKENS = 512
 TOKEN_DTYPE = np.uint32
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,39 +85,78 @@ class TraceReader:
         self.skipped = 0
         count = 0
         last_ts = None
-        with open(self.path, "r", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if self.limit is not None and count >= self.limit:
-                    return
+        if self.limit == 0:
+            return
+        for lineno, record in json_lines(self.path, skip_bad=self.skip_bad, on_skip=self._skip):
+            try:
+                if not isinstance(record, dict):
+                    raise TraceFormatError(self.path, lineno, f"expected a JSON object, got {type(record).__name__}")
+                if self.format is None:
+                    self.format = "mooncake" if "hash_ids" in record else "tokens"
+                request = _PARSERS[self.format](record, self.path, lineno)
+                if request.timestamp is not None:
+                    if last_ts is not None and request.timestamp < last_ts:
+                        raise TraceFormatError(
+                            self.path, lineno,
+                            f"field 'timestamp' goes backwards ({request.timestamp!r} < {last_ts!r})")
+                    last_ts = request.timestamp
+            except TraceFormatError:
+                if not self.skip_bad:
+                    raise
+                self.skipped += 1
+                continue
+            count += 1
+            yield request
+            if count == self.limit:  # before reading a line past the limit
+                return
+        if count == 0 and self.skipped == 0:
+            raise TraceFormatError(self.path, 0, "trace is empty")
+
+    def _skip(self, error: TraceFormatError) -> None:
+        self.skipped += 1
+
+
+def json_lines(path: str, *, skip_bad: bool = False,
+               on_skip: Optional[Callable[[TraceFormatError], None]] = None) -> Iterator[tuple[int, object]]:
+    """``(line number, decoded value)`` for each non-blank line of a JSONL file, streaming.
+
+    A line that is not UTF-8 or not JSON (including numbers past Python's
+    4300-digit limit and nesting too deep to decode) raises
+    :class:`~radixkv.errors.TraceFormatError` naming the file and line; with
+    ``skip_bad`` it is passed to ``on_skip`` instead and left out. A UTF-8 byte
+    order mark before the first line is ignored. ``NaN`` and ``Infinity``
+    decode as floats: the field checks refuse them where a number must be
+    finite. Cost: O(bytes).
+    """
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                try:
+                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceFormatError(path, lineno, f"invalid UTF-8 at byte {exc.start} of the line") from None
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)
-                    if not isinstance(record, dict):
-                        raise TraceFormatError(self.path, lineno, f"expected a JSON object, got {type(record).__name__}")
-                    if self.format is None:
-                        self.format = "mooncake" if "hash_ids" in record else "tokens"
-                    request = _PARSERS[self.format](record, self.path, lineno)
-                    if request.timestamp is not None:
-                        if last_ts is not None and request.timestamp < last_ts:
-                            raise TraceFormatError(
-                                self.path, lineno,
-                                f"field 'timestamp' goes backwards ({request.timestamp!r} < {last_ts!r})")
-                        last_ts = request.timestamp
+                    value = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    if not self.skip_bad:
-                        raise TraceFormatError(self.path, lineno, f"invalid JSON: {exc.msg}") from None
-                    self.skipped += 1
-                    continue
-                except TraceFormatError:
-                    if not self.skip_bad:
-                        raise
-                    self.skipped += 1
-                    continue
-                count += 1
-                yield request
-        if count == 0 and self.skipped == 0:
-            raise TraceFormatError(self.path, 0, "trace is empty")
+                    raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg}") from None
+                except (ValueError, RecursionError) as exc:  # a 5000-digit number, 100000 nested lists
+                    reason = str(exc)[:80] or type(exc).__name__
+                    raise TraceFormatError(path, lineno, f"invalid JSON: {reason}") from None
+            except TraceFormatError as exc:
+                if not skip_bad:
+                    raise
+                if on_skip is not None:
+                    on_skip(exc)
+                continue
+            yield lineno, value
+
+
+def brief(value: object) -> str:
+    """``repr(value)`` cut to 60 characters, for an error message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _field(record: dict, name: str, kind: type, path: str, lineno: int, required: bool = True):
@@ -128,7 +169,42 @@ def _field(record: dict, name: str, kind: type, path: str, lineno: int, required
     if kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok:
-        raise TraceFormatError(path, lineno, f"field {name!r} must be {kind.__name__}, got {value!r:.60}")
+        raise TraceFormatError(path, lineno, f"field {name!r} must be {kind.__name__}, got {brief(value)}")
+    return value
+
+
+def _count_field(record: dict, name: str, path: str, lineno: int, required: bool = True) -> Optional[int]:
+    """An int field in ``[0, INT64_MAX]`` (a count of tokens), or ``None`` when optional and absent."""
+    value = _field(record, name, int, path, lineno, required)
+    if value is not None and not 0 <= value <= INT64_MAX:
+        raise TraceFormatError(path, lineno, f"field {name!r} must be in [0, {INT64_MAX}], got {brief(value)}")
+    return value
+
+
+def _time_field(record: dict, path: str, lineno: int, per_second: float) -> Optional[float]:
+    """Field ``timestamp`` in seconds (its unit is ``1 / per_second`` s) as a finite float: NaN, inf and
+    ints past a double are refused."""
+    value = _field(record, "timestamp", float, path, lineno, required=False)
+    if value is None:
+        return None
+    try:
+        seconds = float(value) / per_second
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise TraceFormatError(path, lineno, f"field 'timestamp' must be a finite number, got {brief(value)}")
+    return seconds
+
+
+def _namespace_field(record: dict, path: str, lineno: int) -> Optional[str]:
+    """Field ``namespace``: a str that is valid Unicode (JSON can spell a lone surrogate, ``"\\ud800"``)."""
+    value = _field(record, "namespace", str, path, lineno, required=False)
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TraceFormatError(path, lineno, f"field 'namespace' holds a lone surrogate at character "
+                                   f"{exc.start}, got {brief(value)}") from None
     return value
 
 
@@ -136,33 +212,37 @@ def _int_list(record: dict, name: str, path: str, lineno: int, limit: int) -> np
     values = _field(record, name, list, path, lineno)
     if not all(type(v) is int for v in values):
         bad = next(v for v in values if type(v) is not int)
-        raise TraceFormatError(path, lineno, f"field {name!r} must hold ints, got {bad!r:.60}")
-    arr = np.asarray(values, dtype=np.int64) if values else np.empty(0, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() > limit):
-        bad = int(arr.min()) if arr.min() < 0 else int(arr.max())
-        raise TraceFormatError(path, lineno, f"field {name!r} value {bad} outside [0, {limit}]")
-    return arr
+        raise TraceFormatError(path, lineno, f"field {name!r} must hold ints, got {brief(bad)}")
+    if not values:
+        return np.empty(0, dtype=np.int64)
+    lo, hi = min(values), max(values)  # Python ints: checked before numpy, which overflows past int64
+    if lo < 0 or hi > limit:
+        bad = lo if lo < 0 else hi
+        raise TraceFormatError(path, lineno, f"field {name!r} value {brief(bad)} outside [0, {limit}]")
+    return np.asarray(values, dtype=np.int64)
 
 
 def _parse_tokens(record: dict, path: str, lineno: int) -> Request:
     tokens = _int_list(record, "tokens", path, lineno, int(np.iinfo(TOKEN_DTYPE).max)).astype(TOKEN_DTYPE)
-    ts = _field(record, "timestamp", float, path, lineno, required=False)
-    out = _field(record, "output_length", int, path, lineno, required=False) or 0
-    ns = _field(record, "namespace", str, path, lineno, required=False)
-    return Request(tokens, None if ts is None else float(ts), out, ns)
+    ts = _time_field(record, path, lineno, 1.0)
+    out = _count_field(record, "output_length", path, lineno, required=False) or 0
+    return Request(tokens, ts, out, _namespace_field(record, path, lineno))
+
+
+MAX_MOONCAKE_HASH_ID = (int(np.iinfo(TOKEN_DTYPE).max) + 1) // MOONCAKE_BLOCK_TOKENS - 1
+"""Largest hash id whose 512 token ids fit :data:`TOKEN_DTYPE`."""
 
 
 def _parse_mooncake(record: dict, path: str, lineno: int) -> Request:
-    max_hash = (int(np.iinfo(TOKEN_DTYPE).max) + 1) // MOONCAKE_BLOCK_TOKENS - 1
-    hash_ids = _int_list(record, "hash_ids", path, lineno, max_hash)
-    length = _field(record, "input_length", int, path, lineno)
-    if length < 0 or length > len(hash_ids) * MOONCAKE_BLOCK_TOKENS:
+    hash_ids = _int_list(record, "hash_ids", path, lineno, MAX_MOONCAKE_HASH_ID)
+    length = _count_field(record, "input_length", path, lineno)
+    if length > len(hash_ids) * MOONCAKE_BLOCK_TOKENS:
         raise TraceFormatError(
             path, lineno,
             f"field 'input_length' {length} does not fit {len(hash_ids)} blocks of {MOONCAKE_BLOCK_TOKENS}")
-    ts = _field(record, "timestamp", float, path, lineno, required=False)
-    out = _field(record, "output_length", int, path, lineno, required=False) or 0
-    return Request(expand_mooncake(hash_ids, length), None if ts is None else ts / 1000.0, out, None)
+    ts = _time_field(record, path, lineno, 1000.0)  # milliseconds
+    out = _count_field(record, "output_length", path, lineno, required=False) or 0
+    return Request(expand_mooncake(hash_ids, length), ts, out, None)
 
 
 _PARSERS = {"tokens": _parse_tokens, "mooncake": _parse_mooncake}

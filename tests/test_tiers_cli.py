@@ -48,8 +48,11 @@ def test_plain_replay_json_is_unchanged():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--remote-blocks", "5"], "needs remote_hosts"),
-    (["--remote-hosts", "2"], "remote_blocks must be > 0"),
+    (["--remote-blocks", "5"], "--remote-blocks 5 needs --remote-hosts N or --redis URL"),
+    (["--remote-hosts", "2"], "--remote-hosts needs --remote-blocks N"),
+    (["--redis", "redis://127.0.0.1:1/0"], "--redis needs --remote-blocks N"),
+    (["--redis", "redis://127.0.0.1:1/0", "--remote-hosts", "2", "--remote-blocks", "4"],
+     "--remote-hosts 2 does not match the 1 --redis URL(s)"),
     (["--host-blocks", "-3"], "-3"),
     (["--write-policy", "write_around"], "write_around"),
 ])
