@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import random
 import sys
@@ -36,7 +37,7 @@ from radixkv.policies import LRU  # noqa: E402
 from radixkv.adapters.sglang import (  # noqa: E402
     SGLANG_BASE, EvictParams, EvictResult, IncLockRefResult, InsertParams, LegacyMatchResult,
     MatchPrefixParams, MatchResult, RadixKey, RadixKVCache)
-from radixkv.errors import InvalidBlocksError  # noqa: E402
+from radixkv.errors import ArgumentTypeError, InvalidBlocksError  # noqa: E402
 import radixkv.events  # noqa: E402
 
 if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
@@ -130,6 +131,7 @@ class FakeReq:
         self.last_node = None
         self.prefix_len = 0
         self.extend_end = 0
+        self.hit = 0  # tokens the tree served at start
 
 
 class FakeEngine:
@@ -177,14 +179,14 @@ class FakeEngine:
         row = self._row(req, start)
         for i in range(start, end):
             row.append(self._new_page() * p if i % p == 0 else row[i - 1] + 1)
-            self.kv[row[i]] = (req.extra_key, tuple(tokens[: i + 1]))
+            self.kv[row[i]] = (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1]))
         if end > start:
             self.pool.write((req.kv.req_pool_idx, slice(start, end)), _as_row(row[start:end]))
         req.kv.kv_committed_len = req.kv.kv_allocated_len = end
 
     def _verify(self, req: FakeReq, n: int, tokens: List[int]) -> None:
         for i, slot in enumerate(self._row(req, n)):
-            assert self.kv.get(slot) == (req.extra_key, tuple(tokens[: i + 1])), (
+            assert self.kv.get(slot) == (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1])), (
                 f"slot {slot} for token {i} holds KV of {self.kv.get(slot)}")
 
     def start(self, prompt: List[int], extra_key: Optional[str] = None, chunk: int = 0,
@@ -199,7 +201,7 @@ class FakeEngine:
         prefix = self.tree.prefix_device_indices(req)
         assert len(prefix) == req.prefix_len
         self.pool.alloc(req)
-        hit = req.prefix_len
+        hit = req.hit = req.prefix_len
         if hit:
             self.pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
@@ -488,7 +490,8 @@ def test_take_events_without_sglang_are_radixkvs_events_in_order():
     assert second.token_ids == [9, 9, 8, 8, 7, 7] and second.parent_block_hash is None
     assert not set(first.block_hashes) & set(second.block_hashes)
     if SGLANG_BASE is None:
-        assert isinstance(first, radixkv.events.KVCacheEvent) and first.extra_keys == [("lora-a",), None]
+        # the namespace of (extra_key="lora-a", no salt): json.dumps(["lora-a", None])
+        assert isinstance(first, radixkv.events.KVCacheEvent) and first.extra_keys == [('["lora-a", null]',), None]
         assert second.extra_keys is None and tail.medium == head.medium == "GPU"
         assert [e.as_dict()["type"] for e in events] == [
             "BlockStored", "BlockRemoved", "BlockRemoved", "BlockStored", "AllBlocksCleared"]
@@ -560,3 +563,82 @@ def test_random_workload_never_leaks_double_frees_or_serves_wrong_kv(page_size, 
         engine.finish(engine.running[0])
     engine.check()
     assert engine.tree.protected_size() == 0
+
+
+# ---------------------------------------------------------------- namespaces: (extra_key, cache_salt)
+def _stored_salts(events) -> List[Optional[str]]:
+    """The cache_salt each BlockStored event attributes its pages to.
+
+    SGLang's events carry it; radixkv's mirrors name the namespace on a
+    sequence's first page, which here is decoded (json) to its (extra_key, cache_salt).
+    """
+    salts = []
+    for e in events:
+        if type(e).__name__ != "BlockStored":
+            continue
+        if SGLANG_BASE is not None:
+            salts.append(e.cache_salt)
+        elif e.parent_block_hash is None:
+            namespace = e.extra_keys[0][0] if e.extra_keys and e.extra_keys[0] else None
+            salts.append(None if namespace is None else json.loads(namespace)[1])
+    return salts
+
+
+def test_unsalted_extra_key_spelling_a_salted_namespace_does_not_read_its_pages():
+    """An unsalted extra_key whose text is the old salted encoding of (None, "tenant-b") once read tenant-b's pages."""
+    engine = FakeEngine(page_size=2, num_pages=16, events=True)
+    engine.finish(engine.start([1, 2, 3, 4, 5], cache_salt="tenant-b"))
+    assert _stored_salts(engine.tree.take_events()) == ["tenant-b"]
+    forged = engine.start([1, 2, 3, 4, 5], extra_key='[null, "tenant-b"]')  # start() checks every served slot
+    assert forged.hit == 0
+    engine.finish(forged)
+    assert _stored_salts(engine.tree.take_events()) == [None]  # not attributed to tenant-b either
+    assert engine.tree.total_size() == 8
+    engine.check()
+
+
+def test_extra_key_and_cache_salt_must_be_str_or_none():
+    engine = FakeEngine(page_size=2, num_pages=8)
+    engine.finish(engine.start([1, 2, 3, 4, 5]))
+    before = (engine.tree.total_size(), engine.tree.cache.clock)
+    for key in (RadixKey([1, 2, 3, 4], extra_key=7), RadixKey([1, 2, 3, 4], cache_salt=b"salt")):
+        with pytest.raises(ArgumentTypeError, match="extra_key|cache_salt"):
+            engine.tree.match_prefix(MatchPrefixParams(key=key))
+    assert (engine.tree.total_size(), engine.tree.cache.clock) == before
+    engine.check()
+
+
+def _json_like(pair) -> str:
+    return json.dumps(list(pair))
+
+
+_TEXT = st.one_of(
+    st.text(st.characters(codec=None, exclude_categories=()), max_size=5),  # surrogates included
+    st.sampled_from(["", "null", "[null, null]", '[null, "tenant-b"]', '["lora-a", null]', '["", ""]', "\ud800"]))
+_OPT_TEXT = st.one_of(st.none(), _TEXT)
+_PAIR = st.tuples(_OPT_TEXT, _OPT_TEXT)
+# An unsalted extra_key that spells another pair's json (with and without spaces) tries to alias it.
+_FORGED = _PAIR.flatmap(lambda pair: st.sampled_from([
+    (_json_like(pair), None), (_json_like(pair).replace(", ", ","), None), (_json_like(pair), "")]))
+
+
+@given(pairs=st.lists(st.one_of(_PAIR, _FORGED), min_size=2, max_size=4))
+def test_distinct_extra_key_cache_salt_pairs_never_share_pages(pairs):
+    """Generated (extra_key, cache_salt) pairs, JSON-looking text included: a hit iff the pair was served before.
+
+    SGLang treats an empty cache_salt as none. Every served slot is checked
+    against the pair it was computed for (FakeEngine.start), and the events
+    attribute each pair's pages to its own salt.
+    """
+    engine = FakeEngine(page_size=2, num_pages=4 * len(pairs) + 2, events=True)
+    prompt = [3, 1, 4, 1, 5]
+    seen = set()
+    for extra_key, salt in pairs:
+        same = (extra_key, salt or None)
+        req = engine.start(prompt, extra_key=extra_key, cache_salt=salt)
+        assert req.hit == (4 if same in seen else 0), (pairs, same)
+        engine.finish(req)
+        assert _stored_salts(engine.tree.take_events()) == ([] if same in seen else [salt or None])
+        seen.add(same)
+        engine.check()
+    assert engine.tree.total_size() == 4 * len(seen)

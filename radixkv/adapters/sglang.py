@@ -57,7 +57,9 @@ does not cache is *held* by SGLang (its allocator or a request): the adapter
 takes the whole pool at start, hands evicted and duplicate blocks straight
 back to SGLang's allocator, and so never owns a free block between calls.
 ``RadixKey.extra_key`` (LoRA id) and ``cache_salt`` (tenant) together name
-radixkv's ``namespace``. Index tensors may be torch tensors (results come back
+radixkv's ``namespace``: ``json.dumps([extra_key, cache_salt])``, or the
+default namespace when both are unset, so distinct pairs never share a page,
+as in SGLang. Index tensors may be torch tensors (results come back
 as int64 tensors on the pool's device) or numpy arrays.
 """
 
@@ -346,21 +348,38 @@ def _to_numpy(indices: Any) -> np.ndarray:
 
 
 def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
-    """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair; ``extra_key`` alone when unsalted."""
+    """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair. O(len of both).
+
+    ``None`` (the default namespace) for ``(None, None)``; every other pair is
+    ``json.dumps([extra_key, cache_salt])``, salted or not. One encoding for
+    every pair makes the map injective by construction (``json.loads`` inverts
+    it), so no ``extra_key`` text can spell another pair's namespace, as SGLang
+    keeps them apart too; ``json.dumps`` escapes non-ASCII, so the namespace is
+    always encodable. An empty ``cache_salt`` is no salt (SGLang's ``RadixKey``
+    does the same); an empty ``extra_key`` is a key of its own, as in SGLang.
+    Raises :class:`ArgumentTypeError` unless both are ``str`` or ``None``.
+    """
+    for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if value is not None and type(value) is not str:
+            raise ArgumentTypeError(f"{name} must be a str or None, got {value!r}")
     if not cache_salt:
-        return extra_key
+        if extra_key is None:
+            return None
+        cache_salt = None
     return json.dumps([extra_key, cache_salt])
 
 
 def _cache_salt(namespace: Optional[str]) -> Optional[str]:
-    """The ``cache_salt`` half of a namespace made by :func:`_namespace` (``None`` when unsalted)."""
-    if not isinstance(namespace, str) or not namespace.startswith("["):
+    """The ``cache_salt`` of a namespace made by :func:`_namespace` (``None`` when unsalted or foreign)."""
+    if namespace is None:
         return None
     try:
         pair = json.loads(namespace)
-    except ValueError:  # an extra_key that merely starts with "["
+    except (TypeError, ValueError):  # a namespace given to the cache underneath directly
         return None
-    return pair[1] if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) else None
+    if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str):
+        return pair[1]
+    return None
 
 
 def _int64(block_hash: int) -> int:
@@ -565,10 +584,11 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         return self.root_node_handle()
 
     def root_node_handle(self, extra_key: Optional[str] = None) -> NodeHandle:
-        """Handle of the root of ``extra_key``'s namespace."""
-        root = self._roots.get(extra_key)
+        """Handle of the root of unsalted ``extra_key``'s namespace (SGLang passes no salt here)."""
+        namespace = _namespace(extra_key, None)
+        root = self._roots.get(namespace)
         if root is None or root._node.gen < 0:
-            root = self._roots[extra_key] = self.cache.match([], namespace=extra_key).node
+            root = self._roots[namespace] = self.cache.match([], namespace=namespace).node
         return root
 
     def reset(self):
