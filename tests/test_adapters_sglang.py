@@ -33,11 +33,11 @@ if importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("
     _shims.install_stub_packages(["torchvision"])
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-from radixkv.policies import LRU  # noqa: E402
+from radixkv.policies import FIFO, LFU, LRU, SIEVE, SLRU  # noqa: E402
 from radixkv.adapters.sglang import (  # noqa: E402
     SGLANG_BASE, EvictParams, EvictResult, IncLockRefResult, InsertParams, LegacyMatchResult,
     MatchPrefixParams, MatchResult, RadixKey, RadixKVCache)
-from radixkv.errors import ArgumentTypeError, InvalidBlocksError  # noqa: E402
+from radixkv.errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError  # noqa: E402
 import radixkv.events  # noqa: E402
 
 if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
@@ -642,3 +642,92 @@ def test_distinct_extra_key_cache_salt_pairs_never_share_pages(pairs):
         seen.add(same)
         engine.check()
     assert engine.tree.total_size() == 4 * len(seen)
+
+
+# ---------------------------------------------------------------- SGLang's eviction_policy
+def _tree(policy="lru", config=None, **kwargs) -> RadixKVCache:
+    return RadixKVCache(FakeReqToTokenPool(2, 16), FakePagedAllocator(16, 2), 2, eviction_policy=policy,
+                        eviction_policy_config=config, **kwargs)
+
+
+def test_sglang_eviction_policy_names_map_to_radixkv_policies():
+    for name, cls in [("lru", LRU), ("LRU", LRU), ("lfu", LFU), ("fifo", FIFO), ("slru", SLRU), ("sieve", SIEVE)]:
+        assert type(_tree(name).cache.policy) is cls, name
+    assert _tree("lfu").cache.policy.aging is False  # SGLang's LFU: (hit count, last use), no aging
+    assert _tree("lfu-da").cache.policy.aging is True  # radixkv's LFU-DA stays reachable
+    assert _tree("slru").cache.policy.protected_threshold == 2
+    assert _tree("slru", {"protected_threshold": 3}).cache.policy.protected_threshold == 3
+    policy = HalfAdmitting()
+    assert _tree(policy).cache.policy is policy
+
+
+def test_sglang_eviction_policies_without_a_radixkv_counterpart_are_refused():
+    for name in ("mru", "filo", "priority", "tlru", "MRU", "no-such-policy"):
+        with pytest.raises(ArgumentValueError, match=f"{name!r}.*fifo, lfu, lru, slru"):
+            _tree(name)
+    with pytest.raises(ArgumentValueError, match="protected_threshold"):
+        _tree("lru", {"protected_threshold": 3})  # SGLang's LRU takes no options either
+    with pytest.raises(ArgumentValueError, match="protected_threshold"):
+        _tree("slru", {"protected_threshold": 0})
+    with pytest.raises(ArgumentTypeError, match="eviction_policy_config"):
+        _tree("slru", "protected_threshold=3")
+    with pytest.raises(ArgumentTypeError, match="aging"):
+        _tree("lfu", {"aging": 0})
+    with pytest.raises(ArgumentTypeError, match="eviction_policy"):
+        _tree(3)
+    with pytest.raises(ArgumentValueError, match="eviction_policy_config"):
+        _tree(HalfAdmitting(), {"protected_threshold": 3})
+    assert _tree("mru", {"x": 1}, disable=True).cache.num_cached_blocks == 0  # as SGLang: disabled, not built
+
+
+def test_from_params_honours_sglangs_eviction_policy():
+    from types import SimpleNamespace
+
+    def params(policy, config=None):
+        return SimpleNamespace(req_to_token_pool=FakeReqToTokenPool(2, 16), page_size=2, disable=False,
+                               token_to_kv_pool_allocator=FakePagedAllocator(16, 2), enable_kv_cache_events=False,
+                               eviction_policy=policy, eviction_policy_config=config)
+
+    assert type(RadixKVCache.from_params(params("lfu")).cache.policy) is LFU
+    assert RadixKVCache.from_params(params("slru", {"protected_threshold": 4})).cache.policy.protected_threshold == 4
+    assert type(RadixKVCache.from_params(params("lfu"), eviction_policy="fifo").cache.policy) is FIFO
+    with pytest.raises(ArgumentValueError, match="'mru'"):
+        RadixKVCache.from_params(params("mru"))
+
+
+def _survivor(policy: str) -> str:
+    """Cache X (two requests), then Y (one request, newer); a third prompt evicts one of them: which stays."""
+    engine = FakeEngine(page_size=2, num_pages=5, policy=policy)
+    x, y = [1, 1, 2, 2, 0], [3, 3, 4, 4, 0]
+    for prompt in (x, x, y, [5, 5, 6, 6, 0]):
+        engine.finish(engine.start(prompt))
+        engine.check()
+    hit = {name: engine.tree.match_prefix(MatchPrefixParams(key=RadixKey(p[:4]))).device_prefix_len
+           for name, p in (("x", x), ("y", y))}
+    assert sorted(hit.values()) == [0, 4], hit
+    return "x" if hit["x"] else "y"
+
+
+def test_sglang_policies_rank_like_sglangs_strategies():
+    """SGLang's lfu and slru keep the page two requests used over a newer one used once; lru and fifo do not.
+
+    slru also pins that one request gives a new page one use: the adapter's
+    lookup after its own insert is not a use (else Y would be protected at once).
+    """
+    assert {policy: _survivor(policy) for policy in ("lru", "fifo", "lfu", "slru")} == {
+        "lru": "y", "fifo": "y", "lfu": "x", "slru": "x"}
+
+
+def test_sglang_lfu_does_not_age_like_lfu_da():
+    """A prefix used often early keeps its place under SGLang's lfu while one-off prompts churn; LFU-DA ages it out."""
+    def kept(policy: str) -> bool:
+        engine = FakeEngine(page_size=2, num_pages=6, policy=policy)
+        hot = [9, 9, 8, 8, 0]
+        for _ in range(3):
+            engine.finish(engine.start(hot))
+        for n in range(12):
+            engine.finish(engine.start([n, n, n + 1, n + 1, 0]))
+            engine.check()
+        return engine.tree.match_prefix(MatchPrefixParams(key=RadixKey(hot[:4]))).device_prefix_len == 4
+
+    assert kept("lfu") and not kept("lfu-da") and not kept("lru")

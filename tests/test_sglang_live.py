@@ -18,7 +18,10 @@ import torch
 from .test_adapters_sglang import FakeEngine  # first: installs the torchvision stand-in SGLang imports
 
 from radixkv.adapters.sglang import (  # noqa: E402  (after the stand-in, or SGLANG_BASE is None here)
-    SGLANG_BASE, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
+    SGLANG_BASE, SGLANG_EVICTION_POLICIES, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache,
+    register_with_sglang)
+from radixkv.errors import ArgumentValueError  # noqa: E402
+from radixkv.policies import LFU, SLRU  # noqa: E402
 
 
 def _sglang():
@@ -349,4 +352,29 @@ def test_extra_key_and_cache_salt_namespaces_hit_exactly_as_sglangs_radix_cache(
     assert our_hits == [0, 6, 0, 6, 0, 6, 0, 6, 6, 6, 0, 6, 0, 6, 6, 6, 0, 6, 6, 6]
     assert ours.total_size() == theirs.total_size()
     ours.check()
+
+
+def test_eviction_policy_names_are_sglangs_own():
+    """OPTIONAL (needs sglang): the adapter knows every --radix-eviction-policy SGLang accepts, and builds from its params."""
+    from sglang.srt.mem_cache import utils as mem_utils
+
+    sgl = _sglang()
+    assert set(SGLANG_EVICTION_POLICIES) == set(mem_utils._EVICTION_POLICY_FACTORIES)
+    for name in SGLANG_EVICTION_POLICIES:
+        mem_utils.get_eviction_strategy(name)  # SGLang builds each one
+    _, allocator, pool = _sglang_setup(sgl, 2, 16, lambda p, a: None)
+
+    def build(policy, config=None):
+        params = sgl.CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
+                                     page_size=2, eviction_policy=policy, eviction_policy_config=config)
+        return RadixKVCache.from_params(params)
+
+    lfu = build("lfu").cache.policy
+    assert type(lfu) is LFU and not lfu.aging
+    slru = build("slru", {"protected_threshold": 3}).cache.policy
+    assert type(slru) is SLRU and slru.protected_threshold == 3
+    for name, target in SGLANG_EVICTION_POLICIES.items():
+        if target is None:
+            with pytest.raises(ArgumentValueError, match=repr(name)):
+                build(name)
 
