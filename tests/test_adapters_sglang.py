@@ -42,6 +42,11 @@ import radixkv.events  # noqa: E402
 
 if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
     import torch
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+    _ABORT = CacheRequestOutcome.ABORT
+else:
+    _ABORT = "ABORT"  # what StandaloneBase.finish compares by name
 
 
 def _zeros(shape):
@@ -120,6 +125,7 @@ class FakeKv:
 class FakeReq:
     def __init__(self, prompt: List[int], extra_key: Optional[str] = None, cache_salt: Optional[str] = None) -> None:
         self.rid = f"req-{id(self)}"
+        self.cache_request_handle = (self.rid, 0)  # SGLang's CacheRequestHandle(rid, attempt_id)
         self.origin_input_ids = list(prompt)
         self.output_ids: List[int] = []
         self.full_untruncated_fill_ids = list(prompt)
@@ -173,16 +179,23 @@ class FakeEngine:
     def _row(self, req: FakeReq, n: int) -> List[int]:
         return [int(s) for s in self.pool.req_to_token[req.kv.req_pool_idx, :n].tolist()]
 
-    def _compute(self, req: FakeReq, start: int, end: int, tokens: List[int]) -> None:
-        """Give tokens start..end slots (continuing the request's last page) and 'compute' their KV."""
+    def _compute(self, req: FakeReq, start: int, end: int, tokens: List[int], *, forward: bool = True) -> None:
+        """Give tokens start..end slots (continuing the request's last page) and 'compute' their KV.
+
+        ``forward=False``: the slots are allocated and in the row, but no forward
+        ran, so their KV is not written and the committed length stays.
+        """
         p = self.page_size
         row = self._row(req, start)
         for i in range(start, end):
             row.append(self._new_page() * p if i % p == 0 else row[i - 1] + 1)
-            self.kv[row[i]] = (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1]))
+            if forward:
+                self.kv[row[i]] = (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1]))
         if end > start:
             self.pool.write((req.kv.req_pool_idx, slice(start, end)), _as_row(row[start:end]))
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+        req.kv.kv_allocated_len = end
+        if forward:
+            req.kv.kv_committed_len = end
 
     def _verify(self, req: FakeReq, n: int, tokens: List[int]) -> None:
         for i, slot in enumerate(self._row(req, n)):
@@ -248,6 +261,26 @@ class FakeEngine:
         self.tree.on_release(req, checkpointed=True)
         self.pool.free(req)
 
+    def abort(self, req: FakeReq) -> None:
+        """SGLang 0.5.23's abort: ``tree.finish(handle, ABORT)``, then ``release_kv_cache(req, tree, checkpoint=False)``.
+
+        No checkpoint: the request's own pages (row positions from
+        ``cache_protected_len`` to the committed length, then the allocated
+        rest from the next page boundary) go back to the allocator.
+        """
+        p = self.page_size
+        self.running.remove(req)
+        self.tree.finish(req.cache_request_handle, _ABORT)
+        assert not self.tree.claim_kv_row(req)
+        committed, allocated = req.kv.kv_committed_len, req.kv.kv_allocated_len
+        self.tree.free_kv_row(req.kv, [(req.kv.cache_protected_len, committed)])
+        self.tree.unlock(req.lock)
+        req.lock = None
+        if -(-committed // p) * p < allocated:
+            self.tree.free_kv_row(req.kv, [(-(-committed // p) * p, allocated)])
+        self.tree.on_release(req, checkpointed=False)
+        self.pool.free(req)
+
     def check(self) -> None:
         """No page lost, none in two places: free + cached + held by running requests == all pages."""
         self.tree.check()
@@ -257,7 +290,7 @@ class FakeEngine:
             cached.update(node.blocks.tolist())
         held = set()
         for req in self.running:
-            held |= {s // p for s in self._row(req, req.kv.kv_committed_len)} - cached
+            held |= {s // p for s in self._row(req, req.kv.kv_allocated_len)} - cached
         free = set(self.alloc.free_pages)
         assert not (free & cached) and not (free & held), "a page is free and in use"
         assert free | cached | held == set(range(1, self.alloc.num_pages + 1)), (
@@ -731,3 +764,38 @@ def test_sglang_lfu_does_not_age_like_lfu_da():
         return engine.tree.match_prefix(MatchPrefixParams(key=RadixKey(hot[:4]))).device_prefix_len == 4
 
     assert kept("lfu") and not kept("lfu-da") and not kept("lru")
+
+
+# ---------------------------------------------------------------- aborted requests
+def test_aborted_chunked_prefill_caches_only_its_checkpointed_chunks():
+    """SGLang aborts a chunked prefill with release_kv_cache(checkpoint=False): the running chunk is never cached."""
+    engine = FakeEngine(page_size=2, num_pages=12)
+    prompt = list(range(20, 32))
+    req = engine.start(prompt[:8], chunk=4)  # chunk [0, 4) checkpointed, [4, 8) computed, not yet checkpointed
+    engine._compute(req, 8, 11, prompt, forward=False)  # the next chunk: slots allocated, its forward never ran
+    engine.check()
+    assert engine.tree.total_size() == 4 and engine.tree.protected_size() == 4
+    engine.abort(req)
+    assert engine.tree.total_size() == 4 and engine.tree.protected_size() == 0
+    assert engine.alloc.available_size() + engine.tree.total_size() == 24
+    engine.check()
+    again = engine.start(prompt)  # start() checks that every served slot holds this prompt's KV
+    assert again.hit == 4
+    engine.finish(again)
+    engine.check()
+
+
+def test_checkpoint_never_caches_past_the_committed_kv():
+    """A checkpoint asked to cache row positions whose forward has not run caches only the committed part."""
+    engine = FakeEngine(page_size=2, num_pages=12)
+    prompt = list(range(40, 50))
+    req = engine.start(prompt[:4])
+    engine._compute(req, 4, 10, prompt, forward=False)
+    req.full_untruncated_fill_ids = list(prompt)
+    engine.tree.checkpoint(req, up_to=10)
+    assert engine.tree.total_size() == 4 and req.kv.cache_protected_len == 4
+    engine.abort(req)
+    engine.check()
+    assert engine.tree.total_size() == 4
+    engine.finish(engine.start(prompt))  # served 4 tokens, each checked; the other 6 recomputed
+    engine.check()

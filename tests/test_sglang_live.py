@@ -378,3 +378,39 @@ def test_eviction_policy_names_are_sglangs_own():
             with pytest.raises(ArgumentValueError, match=repr(name)):
                 build(name)
 
+
+def test_aborted_request_through_sglangs_release_caches_nothing_of_it(monkeypatch):
+    """OPTIONAL (needs sglang): the scheduler's abort (tree.finish(ABORT), release_kv_cache without checkpoint).
+
+    A chunked prefill aborted after its first chunk was checkpointed keeps
+    that chunk cached; the running chunk's pages all go back to the allocator.
+    """
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequestOutcome
+
+    sgl = _sglang()
+    _no_server(sgl, monkeypatch)
+    page_size, num_pages = 2, 32
+    tree, allocator, pool = _sglang_setup(sgl, page_size, num_pages, lambda p, a: RadixKVCache(p, a, page_size))
+    prompt = list(range(10, 22))
+    req = SGLangReq(sgl, "aborted", prompt)
+    sgl.common.match_kv_cache(req, tree)
+    req.lock = tree.lock(req.last_node)
+    pool.alloc([req])
+    for end in (6, 10):  # chunk [0, 6) runs and is checkpointed; chunk [6, 10) is launched
+        req.extend_end = end
+        need = req.extend_end - req.prefix_len
+        slots = allocator.alloc(-(-need // page_size) * page_size)[:need]
+        pool.write((req.kv.req_pool_idx, slice(req.prefix_len, req.extend_end)), slots.to(torch.int32))
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
+        if end == 6:
+            sgl.common.checkpoint_kv_cache(req, tree)
+    assert tree.total_size() == 6
+    tree.finish(CacheRequestHandle(rid=req.rid, attempt_id=0), CacheRequestOutcome.ABORT)
+    req.finished_reason = "abort"
+    sgl.common.release_kv_cache(req, tree, checkpoint=False)
+    assert req.kv.req_pool_idx is None and req.lock is None
+    assert tree.total_size() == 6 and tree.protected_size() == 0
+    assert allocator.available_size() + tree.total_size() == num_pages * page_size
+    tree.check()
+    assert _serve(sgl, tree, allocator, pool, [prompt], page_size, chunk=4) == [6]
+    tree.check()

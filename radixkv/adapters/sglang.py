@@ -61,8 +61,11 @@ back to SGLang's allocator, and so never owns a free block between calls.
 ``RadixKey.extra_key`` (LoRA id) and ``cache_salt`` (tenant) together name
 radixkv's ``namespace``: ``json.dumps([extra_key, cache_salt])``, or the
 default namespace when both are unset, so distinct pairs never share a page,
-as in SGLang. Index tensors may be torch tensors (results come back
-as int64 tensors on the pool's device) or numpy arrays.
+as in SGLang. Aborted requests (SGLang's ``release_kv_cache`` without a
+checkpoint) cache nothing: their own pages go back to the allocator, and no
+checkpoint caches a position past the request's committed KV. Index tensors
+may be torch tensors (results come back as int64 tensors on the pool's
+device) or numpy arrays.
 """
 
 from __future__ import annotations
@@ -289,6 +292,20 @@ class StandaloneBase:
 
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         pass
+
+    def release_aborted_request(self, handle: Any) -> None:
+        """Nothing to drop: this cache keeps no per-attempt (prefetch) state."""
+
+    def finish(self, handle: Any, outcome: Any) -> None:
+        """End of a request attempt (SGLang's ``CacheRequestOutcome`` ``SUCCESS`` or ``ABORT``).
+
+        An aborted request's row is then released without a checkpoint
+        (``release_kv_cache(req, tree, checkpoint=False)``): :meth:`free_kv_row`
+        frees its own pages and :meth:`unlock` its matched prefix; nothing of it
+        is cached.
+        """
+        if getattr(outcome, "name", outcome) != "SUCCESS":
+            self.release_aborted_request(handle)
 
     def supports_mamba(self) -> bool:
         return False
@@ -757,12 +774,18 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         ``req.kv.cache_protected_len`` to the cached length, and moves
         ``req.lock`` / ``req.last_node`` to the new end. Partial pages and pages
         the policy declines stay the request's (SGLang's ``release_kv_cache``
-        frees them). Cost: one radixkv insert and one read-only walk.
+        frees them). Positions past ``req.kv.kv_committed_len`` are never
+        cached, whatever ``up_to`` says: their KV has not been computed, and a
+        cached page must hold its prefix's KV. Cost: one radixkv insert and
+        one read-only walk.
         """
         if self.disable:
             return
         kv = req.kv
         p = self.page_size
+        committed = getattr(kv, "kv_committed_len", None)
+        if committed is not None and committed < up_to:
+            up_to = committed
         token_ids = req.full_untruncated_fill_ids[:up_to]
         aligned = len(token_ids) // p * p
         namespace = _namespace(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
