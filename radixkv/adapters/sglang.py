@@ -367,8 +367,11 @@ def _to_numpy(indices: Any) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
+def namespace_of(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
     """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair. O(len of both).
+
+    What a router hashes as vLLM's ``cache_salt`` (``VLLMBlockView.block_hashes``)
+    to find the pages this adapter cached for the pair.
 
     ``None`` (the default namespace) for ``(None, None)``; every other pair is
     ``json.dumps([extra_key, cache_salt])``, salted or not. One encoding for
@@ -390,7 +393,7 @@ def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[
 
 
 def _cache_salt(namespace: Optional[str]) -> Optional[str]:
-    """The ``cache_salt`` of a namespace made by :func:`_namespace` (``None`` when unsalted or foreign)."""
+    """The ``cache_salt`` of a namespace made by :func:`namespace_of` (``None`` when unsalted or foreign)."""
     if namespace is None:
         return None
     try:
@@ -648,7 +651,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
             raise ArgumentValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
         raw = getattr(key, "raw_token_ids", None)
         tokens = raw() if raw is not None else key.token_ids
-        return tokens, _namespace(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
+        return tokens, namespace_of(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
 
     def _free(self, slots: np.ndarray) -> None:
         if len(slots):
@@ -708,7 +711,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
 
     def root_node_handle(self, extra_key: Optional[str] = None) -> NodeHandle:
         """Handle of the root of unsalted ``extra_key``'s namespace (SGLang passes no salt here)."""
-        namespace = _namespace(extra_key, None)
+        namespace = namespace_of(extra_key, None)
         root = self._roots.get(namespace)
         if root is None or root._node.gen < 0:
             root = self._roots[namespace] = self.cache.match([], namespace=namespace).node
@@ -788,7 +791,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
             up_to = committed
         token_ids = req.full_untruncated_fill_ids[:up_to]
         aligned = len(token_ids) // p * p
-        namespace = _namespace(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
+        namespace = namespace_of(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
         pool = self.req_to_token_pool
         slots = _to_numpy(pool.req_to_token[kv.req_pool_idx, :aligned])
         protected = kv.cache_protected_len
@@ -899,7 +902,7 @@ def register_with_sglang(name: str = "radixkv") -> bool:
 
 __all__ = [
     "DecLockRefParams", "DecLockRefResult", "EvictParams", "EvictResult", "IncLockRefResult",
-    "InsertParams", "InsertResult", "LegacyMatchResult", "MatchPrefixParams", "MatchResult",
+    "InsertParams", "InsertResult", "LegacyMatchResult", "MatchPrefixParams", "MatchResult", "namespace_of",
     "RadixKVCache", "RadixKey", "SGLANG_BASE", "SGLANG_EVICTION_POLICIES", "SGLANG_TARGET_VERSION",
     "StandaloneBase", "TreeLock",
     "register_with_sglang",
