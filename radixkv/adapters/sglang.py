@@ -456,19 +456,16 @@ def _eviction_policy(policy: Union[str, "_policies.EvictionPolicy"],
         raise ArgumentTypeError(f"eviction_policy_config must be a dict or None, got {config!r}")
     name = policy.lower()
     options: Dict[str, Any] = {}
-    if name in SGLANG_EVICTION_POLICIES:
-        target = SGLANG_EVICTION_POLICIES[name]
-        if target is None:
-            raise ArgumentValueError(
-                f"SGLang eviction policy {policy!r} has no radixkv counterpart; supported SGLang policies: "
-                f"{', '.join(sorted(n for n, t in SGLANG_EVICTION_POLICIES.items() if t))} "
-                f"(radixkv policies: {', '.join(_policies.available(include_aliases=True))})")
-        name, options = target
-    elif name not in _policies.available(include_aliases=True):
+    target = SGLANG_EVICTION_POLICIES.get(name)
+    sglangs = name in SGLANG_EVICTION_POLICIES
+    if target is None and (sglangs or name not in _policies.available(include_aliases=True)):
+        why = "has no radixkv counterpart" if sglangs else "is unknown"
         raise ArgumentValueError(
-            f"unknown eviction policy {policy!r}; supported SGLang policies: "
-            f"{', '.join(sorted(n for n, t in SGLANG_EVICTION_POLICIES.items() if t))}, "
+            f"eviction policy {policy!r} {why}; supported SGLang policies: "
+            f"{', '.join(sorted(n for n, t in SGLANG_EVICTION_POLICIES.items() if t))}; "
             f"radixkv policies: {', '.join(_policies.available(include_aliases=True))}")
+    if target is not None:
+        name, options = target
     try:
         return _policies.create(name, **{**options, **(config or {})})
     except TypeError as exc:
