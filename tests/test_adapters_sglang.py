@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import random
 import sys
@@ -32,15 +33,20 @@ if importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("
     _shims.install_stub_packages(["torchvision"])
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
-from radixkv.policies import LRU  # noqa: E402
+from radixkv.policies import FIFO, LFU, LRU, SIEVE, SLRU  # noqa: E402
 from radixkv.adapters.sglang import (  # noqa: E402
     SGLANG_BASE, EvictParams, EvictResult, IncLockRefResult, InsertParams, LegacyMatchResult,
     MatchPrefixParams, MatchResult, RadixKey, RadixKVCache)
-from radixkv.errors import InvalidBlocksError  # noqa: E402
+from radixkv.errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError  # noqa: E402
 import radixkv.events  # noqa: E402
 
 if SGLANG_BASE is not None:  # SGLang's base frees rows with torch ops: keep rows as torch tensors there
     import torch
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
+
+    _ABORT = CacheRequestOutcome.ABORT
+else:
+    _ABORT = "ABORT"  # what StandaloneBase.finish compares by name
 
 
 def _zeros(shape):
@@ -119,6 +125,7 @@ class FakeKv:
 class FakeReq:
     def __init__(self, prompt: List[int], extra_key: Optional[str] = None, cache_salt: Optional[str] = None) -> None:
         self.rid = f"req-{id(self)}"
+        self.cache_request_handle = (self.rid, 0)  # SGLang's CacheRequestHandle(rid, attempt_id)
         self.origin_input_ids = list(prompt)
         self.output_ids: List[int] = []
         self.full_untruncated_fill_ids = list(prompt)
@@ -130,6 +137,7 @@ class FakeReq:
         self.last_node = None
         self.prefix_len = 0
         self.extend_end = 0
+        self.hit = 0  # tokens the tree served at start
 
 
 class FakeEngine:
@@ -171,20 +179,27 @@ class FakeEngine:
     def _row(self, req: FakeReq, n: int) -> List[int]:
         return [int(s) for s in self.pool.req_to_token[req.kv.req_pool_idx, :n].tolist()]
 
-    def _compute(self, req: FakeReq, start: int, end: int, tokens: List[int]) -> None:
-        """Give tokens start..end slots (continuing the request's last page) and 'compute' their KV."""
+    def _compute(self, req: FakeReq, start: int, end: int, tokens: List[int], *, forward: bool = True) -> None:
+        """Give tokens start..end slots (continuing the request's last page) and 'compute' their KV.
+
+        ``forward=False``: the slots are allocated and in the row, but no forward
+        ran, so their KV is not written and the committed length stays.
+        """
         p = self.page_size
         row = self._row(req, start)
         for i in range(start, end):
             row.append(self._new_page() * p if i % p == 0 else row[i - 1] + 1)
-            self.kv[row[i]] = (req.extra_key, tuple(tokens[: i + 1]))
+            if forward:
+                self.kv[row[i]] = (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1]))
         if end > start:
             self.pool.write((req.kv.req_pool_idx, slice(start, end)), _as_row(row[start:end]))
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+        req.kv.kv_allocated_len = end
+        if forward:
+            req.kv.kv_committed_len = end
 
     def _verify(self, req: FakeReq, n: int, tokens: List[int]) -> None:
         for i, slot in enumerate(self._row(req, n)):
-            assert self.kv.get(slot) == (req.extra_key, tuple(tokens[: i + 1])), (
+            assert self.kv.get(slot) == (req.extra_key, req.cache_salt or None, tuple(tokens[: i + 1])), (
                 f"slot {slot} for token {i} holds KV of {self.kv.get(slot)}")
 
     def start(self, prompt: List[int], extra_key: Optional[str] = None, chunk: int = 0,
@@ -199,7 +214,7 @@ class FakeEngine:
         prefix = self.tree.prefix_device_indices(req)
         assert len(prefix) == req.prefix_len
         self.pool.alloc(req)
-        hit = req.prefix_len
+        hit = req.hit = req.prefix_len
         if hit:
             self.pool.write((req.kv.req_pool_idx, slice(0, hit)), prefix)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = hit
@@ -246,6 +261,26 @@ class FakeEngine:
         self.tree.on_release(req, checkpointed=True)
         self.pool.free(req)
 
+    def abort(self, req: FakeReq) -> None:
+        """SGLang 0.5.23's abort: ``tree.finish(handle, ABORT)``, then ``release_kv_cache(req, tree, checkpoint=False)``.
+
+        No checkpoint: the request's own pages (row positions from
+        ``cache_protected_len`` to the committed length, then the allocated
+        rest from the next page boundary) go back to the allocator.
+        """
+        p = self.page_size
+        self.running.remove(req)
+        self.tree.finish(req.cache_request_handle, _ABORT)
+        assert not self.tree.claim_kv_row(req)
+        committed, allocated = req.kv.kv_committed_len, req.kv.kv_allocated_len
+        self.tree.free_kv_row(req.kv, [(req.kv.cache_protected_len, committed)])
+        self.tree.unlock(req.lock)
+        req.lock = None
+        if -(-committed // p) * p < allocated:
+            self.tree.free_kv_row(req.kv, [(-(-committed // p) * p, allocated)])
+        self.tree.on_release(req, checkpointed=False)
+        self.pool.free(req)
+
     def check(self) -> None:
         """No page lost, none in two places: free + cached + held by running requests == all pages."""
         self.tree.check()
@@ -255,7 +290,7 @@ class FakeEngine:
             cached.update(node.blocks.tolist())
         held = set()
         for req in self.running:
-            held |= {s // p for s in self._row(req, req.kv.kv_committed_len)} - cached
+            held |= {s // p for s in self._row(req, req.kv.kv_allocated_len)} - cached
         free = set(self.alloc.free_pages)
         assert not (free & cached) and not (free & held), "a page is free and in use"
         assert free | cached | held == set(range(1, self.alloc.num_pages + 1)), (
@@ -488,7 +523,8 @@ def test_take_events_without_sglang_are_radixkvs_events_in_order():
     assert second.token_ids == [9, 9, 8, 8, 7, 7] and second.parent_block_hash is None
     assert not set(first.block_hashes) & set(second.block_hashes)
     if SGLANG_BASE is None:
-        assert isinstance(first, radixkv.events.KVCacheEvent) and first.extra_keys == [("lora-a",), None]
+        # the namespace of (extra_key="lora-a", no salt): json.dumps(["lora-a", None])
+        assert isinstance(first, radixkv.events.KVCacheEvent) and first.extra_keys == [('["lora-a", null]',), None]
         assert second.extra_keys is None and tail.medium == head.medium == "GPU"
         assert [e.as_dict()["type"] for e in events] == [
             "BlockStored", "BlockRemoved", "BlockRemoved", "BlockStored", "AllBlocksCleared"]
@@ -560,3 +596,206 @@ def test_random_workload_never_leaks_double_frees_or_serves_wrong_kv(page_size, 
         engine.finish(engine.running[0])
     engine.check()
     assert engine.tree.protected_size() == 0
+
+
+# ---------------------------------------------------------------- namespaces: (extra_key, cache_salt)
+def _stored_salts(events) -> List[Optional[str]]:
+    """The cache_salt each BlockStored event attributes its pages to.
+
+    SGLang's events carry it; radixkv's mirrors name the namespace on a
+    sequence's first page, which here is decoded (json) to its (extra_key, cache_salt).
+    """
+    salts = []
+    for e in events:
+        if type(e).__name__ != "BlockStored":
+            continue
+        if SGLANG_BASE is not None:
+            salts.append(e.cache_salt)
+        elif e.parent_block_hash is None:
+            namespace = e.extra_keys[0][0] if e.extra_keys and e.extra_keys[0] else None
+            salts.append(None if namespace is None else json.loads(namespace)[1])
+    return salts
+
+
+def test_unsalted_extra_key_spelling_a_salted_namespace_does_not_read_its_pages():
+    """An unsalted extra_key whose text is the old salted encoding of (None, "tenant-b") once read tenant-b's pages."""
+    engine = FakeEngine(page_size=2, num_pages=16, events=True)
+    engine.finish(engine.start([1, 2, 3, 4, 5], cache_salt="tenant-b"))
+    assert _stored_salts(engine.tree.take_events()) == ["tenant-b"]
+    forged = engine.start([1, 2, 3, 4, 5], extra_key='[null, "tenant-b"]')  # start() checks every served slot
+    assert forged.hit == 0
+    engine.finish(forged)
+    assert _stored_salts(engine.tree.take_events()) == [None]  # not attributed to tenant-b either
+    assert engine.tree.total_size() == 8
+    engine.check()
+
+
+def test_extra_key_and_cache_salt_must_be_str_or_none():
+    engine = FakeEngine(page_size=2, num_pages=8)
+    engine.finish(engine.start([1, 2, 3, 4, 5]))
+    before = (engine.tree.total_size(), engine.tree.cache.clock)
+    for key in (RadixKey([1, 2, 3, 4], extra_key=7), RadixKey([1, 2, 3, 4], cache_salt=b"salt")):
+        with pytest.raises(ArgumentTypeError, match="extra_key|cache_salt"):
+            engine.tree.match_prefix(MatchPrefixParams(key=key))
+    assert (engine.tree.total_size(), engine.tree.cache.clock) == before
+    engine.check()
+
+
+def _json_like(pair) -> str:
+    return json.dumps(list(pair))
+
+
+_TEXT = st.one_of(
+    st.text(st.characters(codec=None, exclude_categories=()), max_size=5),  # surrogates included
+    st.sampled_from(["", "null", "[null, null]", '[null, "tenant-b"]', '["lora-a", null]', '["", ""]', "\ud800"]))
+_OPT_TEXT = st.one_of(st.none(), _TEXT)
+_PAIR = st.tuples(_OPT_TEXT, _OPT_TEXT)
+# An unsalted extra_key that spells another pair's json (with and without spaces) tries to alias it.
+_FORGED = _PAIR.flatmap(lambda pair: st.sampled_from([
+    (_json_like(pair), None), (_json_like(pair).replace(", ", ","), None), (_json_like(pair), "")]))
+
+
+@given(pairs=st.lists(st.one_of(_PAIR, _FORGED), min_size=2, max_size=4))
+def test_distinct_extra_key_cache_salt_pairs_never_share_pages(pairs):
+    """Generated (extra_key, cache_salt) pairs, JSON-looking text included: a hit iff the pair was served before.
+
+    SGLang treats an empty cache_salt as none. Every served slot is checked
+    against the pair it was computed for (FakeEngine.start), and the events
+    attribute each pair's pages to its own salt.
+    """
+    engine = FakeEngine(page_size=2, num_pages=4 * len(pairs) + 2, events=True)
+    prompt = [3, 1, 4, 1, 5]
+    seen = set()
+    for extra_key, salt in pairs:
+        same = (extra_key, salt or None)
+        req = engine.start(prompt, extra_key=extra_key, cache_salt=salt)
+        assert req.hit == (4 if same in seen else 0), (pairs, same)
+        engine.finish(req)
+        assert _stored_salts(engine.tree.take_events()) == ([] if same in seen else [salt or None])
+        seen.add(same)
+        engine.check()
+    assert engine.tree.total_size() == 4 * len(seen)
+
+
+# ---------------------------------------------------------------- SGLang's eviction_policy
+def _tree(policy="lru", config=None, **kwargs) -> RadixKVCache:
+    return RadixKVCache(FakeReqToTokenPool(2, 16), FakePagedAllocator(16, 2), 2, eviction_policy=policy,
+                        eviction_policy_config=config, **kwargs)
+
+
+def test_sglang_eviction_policy_names_map_to_radixkv_policies():
+    for name, cls in [("lru", LRU), ("LRU", LRU), ("lfu", LFU), ("fifo", FIFO), ("slru", SLRU), ("sieve", SIEVE)]:
+        assert type(_tree(name).cache.policy) is cls, name
+    assert _tree("lfu").cache.policy.aging is False  # SGLang's LFU: (hit count, last use), no aging
+    assert _tree("lfu-da").cache.policy.aging is True  # radixkv's LFU-DA stays reachable
+    assert _tree("slru").cache.policy.protected_threshold == 2
+    assert _tree("slru", {"protected_threshold": 3}).cache.policy.protected_threshold == 3
+    policy = HalfAdmitting()
+    assert _tree(policy).cache.policy is policy
+
+
+def test_sglang_eviction_policies_without_a_radixkv_counterpart_are_refused():
+    for name in ("mru", "filo", "priority", "tlru", "MRU", "no-such-policy"):
+        with pytest.raises(ArgumentValueError, match=f"{name!r}.*fifo, lfu, lru, slru"):
+            _tree(name)
+    with pytest.raises(ArgumentValueError, match="protected_threshold"):
+        _tree("lru", {"protected_threshold": 3})  # SGLang's LRU takes no options either
+    with pytest.raises(ArgumentValueError, match="protected_threshold"):
+        _tree("slru", {"protected_threshold": 0})
+    with pytest.raises(ArgumentTypeError, match="eviction_policy_config"):
+        _tree("slru", "protected_threshold=3")
+    with pytest.raises(ArgumentTypeError, match="aging"):
+        _tree("lfu", {"aging": 0})
+    with pytest.raises(ArgumentTypeError, match="eviction_policy"):
+        _tree(3)
+    with pytest.raises(ArgumentValueError, match="eviction_policy_config"):
+        _tree(HalfAdmitting(), {"protected_threshold": 3})
+    assert _tree("mru", {"x": 1}, disable=True).cache.num_cached_blocks == 0  # as SGLang: disabled, not built
+
+
+def test_from_params_honours_sglangs_eviction_policy():
+    from types import SimpleNamespace
+
+    def params(policy, config=None):
+        return SimpleNamespace(req_to_token_pool=FakeReqToTokenPool(2, 16), page_size=2, disable=False,
+                               token_to_kv_pool_allocator=FakePagedAllocator(16, 2), enable_kv_cache_events=False,
+                               eviction_policy=policy, eviction_policy_config=config)
+
+    assert type(RadixKVCache.from_params(params("lfu")).cache.policy) is LFU
+    assert RadixKVCache.from_params(params("slru", {"protected_threshold": 4})).cache.policy.protected_threshold == 4
+    assert type(RadixKVCache.from_params(params("lfu"), eviction_policy="fifo").cache.policy) is FIFO
+    with pytest.raises(ArgumentValueError, match="'mru'"):
+        RadixKVCache.from_params(params("mru"))
+
+
+def _survivor(policy: str) -> str:
+    """Cache X (two requests), then Y (one request, newer); a third prompt evicts one of them: which stays."""
+    engine = FakeEngine(page_size=2, num_pages=5, policy=policy)
+    x, y = [1, 1, 2, 2, 0], [3, 3, 4, 4, 0]
+    for prompt in (x, x, y, [5, 5, 6, 6, 0]):
+        engine.finish(engine.start(prompt))
+        engine.check()
+    hit = {name: engine.tree.match_prefix(MatchPrefixParams(key=RadixKey(p[:4]))).device_prefix_len
+           for name, p in (("x", x), ("y", y))}
+    assert sorted(hit.values()) == [0, 4], hit
+    return "x" if hit["x"] else "y"
+
+
+def test_sglang_policies_rank_like_sglangs_strategies():
+    """SGLang's lfu and slru keep the page two requests used over a newer one used once; lru and fifo do not.
+
+    slru also pins that one request gives a new page one use: the adapter's
+    lookup after its own insert is not a use (else Y would be protected at once).
+    """
+    assert {policy: _survivor(policy) for policy in ("lru", "fifo", "lfu", "slru")} == {
+        "lru": "y", "fifo": "y", "lfu": "x", "slru": "x"}
+
+
+def test_sglang_lfu_does_not_age_like_lfu_da():
+    """A prefix used often early keeps its place under SGLang's lfu while one-off prompts churn; LFU-DA ages it out."""
+    def kept(policy: str) -> bool:
+        engine = FakeEngine(page_size=2, num_pages=6, policy=policy)
+        hot = [9, 9, 8, 8, 0]
+        for _ in range(3):
+            engine.finish(engine.start(hot))
+        for n in range(12):
+            engine.finish(engine.start([n, n, n + 1, n + 1, 0]))
+            engine.check()
+        return engine.tree.match_prefix(MatchPrefixParams(key=RadixKey(hot[:4]))).device_prefix_len == 4
+
+    assert kept("lfu") and not kept("lfu-da") and not kept("lru")
+
+
+# ---------------------------------------------------------------- aborted requests
+def test_aborted_chunked_prefill_caches_only_its_checkpointed_chunks():
+    """SGLang aborts a chunked prefill with release_kv_cache(checkpoint=False): the running chunk is never cached."""
+    engine = FakeEngine(page_size=2, num_pages=12)
+    prompt = list(range(20, 32))
+    req = engine.start(prompt[:8], chunk=4)  # chunk [0, 4) checkpointed, [4, 8) computed, not yet checkpointed
+    engine._compute(req, 8, 11, prompt, forward=False)  # the next chunk: slots allocated, its forward never ran
+    engine.check()
+    assert engine.tree.total_size() == 4 and engine.tree.protected_size() == 4
+    engine.abort(req)
+    assert engine.tree.total_size() == 4 and engine.tree.protected_size() == 0
+    assert engine.alloc.available_size() + engine.tree.total_size() == 24
+    engine.check()
+    again = engine.start(prompt)  # start() checks that every served slot holds this prompt's KV
+    assert again.hit == 4
+    engine.finish(again)
+    engine.check()
+
+
+def test_checkpoint_never_caches_past_the_committed_kv():
+    """A checkpoint asked to cache row positions whose forward has not run caches only the committed part."""
+    engine = FakeEngine(page_size=2, num_pages=12)
+    prompt = list(range(40, 50))
+    req = engine.start(prompt[:4])
+    engine._compute(req, 4, 10, prompt, forward=False)
+    req.full_untruncated_fill_ids = list(prompt)
+    engine.tree.checkpoint(req, up_to=10)
+    assert engine.tree.total_size() == 4 and req.kv.cache_protected_len == 4
+    engine.abort(req)
+    engine.check()
+    assert engine.tree.total_size() == 4
+    engine.finish(engine.start(prompt))  # served 4 tokens, each checked; the other 6 recomputed
+    engine.check()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv import PrefixCache
-from radixkv.adapters.sglang import RadixKey, RadixKVCache
+from radixkv.adapters.sglang import RadixKey, RadixKVCache, namespace_of
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockStored
 from radixkv.hashing import BlockHasher, external_block_hash
@@ -126,7 +126,7 @@ def _run_tiered(ops) -> int:
     return loaded
 
 
-def test_sglang_extra_key_and_vllm_cache_salt_name_the_same_namespace():
+def test_sglang_namespace_of_a_pair_is_the_vllm_cache_salt_that_finds_its_pages():
     class Pool:
         req_to_token = np.zeros((1, 8), dtype=np.int64)
 
@@ -139,7 +139,9 @@ def test_sglang_extra_key_and_vllm_cache_salt_name_the_same_namespace():
     tree = RadixKVCache(Pool(), Alloc(), page_size=2, enable_kv_cache_events=True)
     tree.insert(RadixKey([1, 2, 3, 4], extra_key="salt"), np.array([2, 3, 4, 5]))
     view = VLLMBlockView(tree.cache)
-    assert view.find_longest_cache_hit(view.block_hashes([1, 2, 3, 4], cache_salt="salt")) == [1, 2]
+    salt = namespace_of("salt", None)
+    assert view.find_longest_cache_hit(view.block_hashes([1, 2, 3, 4], cache_salt=salt)) == [1, 2]
+    assert view.find_longest_cache_hit(view.block_hashes([1, 2, 3, 4], cache_salt="salt")) == []
     assert view.find_longest_cache_hit(view.block_hashes([1, 2, 3, 4])) == []
     assert len(tree.match_prefix(RadixKey([1, 2, 3, 4])).device_indices) == 0
     assert len(tree.match_prefix(RadixKey([1, 2, 3, 4], "salt")).device_indices) == 4

@@ -18,7 +18,11 @@ import torch
 from .test_adapters_sglang import FakeEngine  # first: installs the torchvision stand-in SGLang imports
 
 from radixkv.adapters.sglang import (  # noqa: E402  (after the stand-in, or SGLANG_BASE is None here)
-    SGLANG_BASE, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache, register_with_sglang)
+    SGLANG_BASE, SGLANG_EVICTION_POLICIES, EvictResult, IncLockRefResult, MatchResult, RadixKey, RadixKVCache,
+    register_with_sglang)
+from radixkv.errors import ArgumentValueError  # noqa: E402
+from radixkv.policies import LFU, SLRU  # noqa: E402
+
 
 def _sglang():
     """SGLang's modules (this file is collected only where sglang is importable: a failure here is real)."""
@@ -115,16 +119,19 @@ class SGLangReq:
         return input_len - 1
 
 
-def _serve(sgl, tree, allocator, pool, prompts, page_size, chunk, kv=None):
+def _serve(sgl, tree, allocator, pool, prompts, page_size, chunk, kv=None, keys=None):
     """Serve ``prompts`` one at a time through SGLang's own scheduler helpers; return each request's hit length.
 
     match_kv_cache -> tree.lock (as PrefillAdder commits) -> evict_to_free_tokens + alloc -> row write
     -> checkpoint_kv_cache per chunk -> one output token -> release_kv_cache(checkpoint=True).
-    ``kv`` (slot -> prefix it holds), when given, checks every served slot.
+    ``kv`` (slot -> (extra_key, cache_salt, prefix) it holds), when given, checks every served slot.
+    ``keys``: each request's (extra_key, cache_salt), default unset.
     """
     hits = []
     for n, prompt in enumerate(prompts):
         req = SGLangReq(sgl, f"r{n}", prompt)
+        req.extra_key, req.cache_salt = keys[n] if keys else (None, None)
+        owner = (req.extra_key, req.cache_salt or None)
         sgl.common.match_kv_cache(req, tree)
         req.kv.cache_protected_len = req.prefix_len
         req.lock = tree.lock(req.last_node)
@@ -135,7 +142,7 @@ def _serve(sgl, tree, allocator, pool, prompts, page_size, chunk, kv=None):
             pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), prefix)
             if kv is not None:
                 for i, slot in enumerate(prefix.tolist()):
-                    assert kv.get(slot) == tuple(prompt[: i + 1]), f"slot {slot} serves the wrong KV"
+                    assert kv.get(slot) == (*owner, tuple(prompt[: i + 1])), f"slot {slot} serves the wrong KV"
         req.kv.kv_committed_len = req.kv.kv_allocated_len = req.prefix_len
         while req.prefix_len < len(prompt):
             req.extend_end = min(len(prompt), req.prefix_len + chunk)
@@ -147,7 +154,7 @@ def _serve(sgl, tree, allocator, pool, prompts, page_size, chunk, kv=None):
             pool.write((req.kv.req_pool_idx, slice(req.prefix_len, req.extend_end)), slots.to(torch.int32))
             if kv is not None:
                 for i, slot in enumerate(slots.tolist(), start=req.prefix_len):
-                    kv[slot] = tuple(prompt[: i + 1])
+                    kv[slot] = (*owner, tuple(prompt[: i + 1]))
             req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
             if req.extend_end < len(prompt):
                 sgl.common.checkpoint_kv_cache(req, tree)
@@ -315,3 +322,95 @@ def test_take_events_round_trip_through_sglangs_publisher(monkeypatch):
         assert theirs.cache_salt == salt_of_start[start], (ours, theirs)
     assert any(e.cache_salt == "tenant-1" and e.parent_block_hash is not None
                for e in decoded if isinstance(e, kv_events.BlockStored))
+
+
+def test_extra_key_and_cache_salt_namespaces_hit_exactly_as_sglangs_radix_cache(monkeypatch):
+    """OPTIONAL (needs sglang): (extra_key, cache_salt) pairs, JSON-looking and empty ones included, hit as in RadixCache.
+
+    An unsalted extra_key spelling a salted pair's old namespace text must miss,
+    as SGLang's own tree misses; every served slot holds its own pair's KV.
+    """
+    sgl = _sglang()
+    _no_server(sgl, monkeypatch)
+    page_size, num_pages = 2, 256
+    pairs = [(None, None), (None, "tenant-b"), ('[null, "tenant-b"]', None), ("lora-a", None), ("lora-a", ""),
+             ('["lora-a", null]', None), ("", None), (None, ""), ("lora-a", "tenant-b"), ('[null, "tenant-b"]', "")]
+    keys = [pair for pair in pairs for _ in range(2)]
+    prompts = [[1, 2, 3, 4, 5, 6, 7]] * len(keys)
+
+    def sglang_tree(pool, allocator):
+        return sgl.radix.RadixCache(sgl.CacheInitParams(
+            disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=page_size))
+
+    ours, our_alloc, our_pool = _sglang_setup(sgl, page_size, num_pages, lambda p, a: RadixKVCache(p, a, page_size))
+    our_hits = _serve(sgl, ours, our_alloc, our_pool, prompts, page_size, chunk=4, kv={}, keys=keys)
+    theirs, their_alloc, their_pool = _sglang_setup(sgl, page_size, num_pages, sglang_tree)
+    their_hits = _serve(sgl, theirs, their_alloc, their_pool, prompts, page_size, chunk=4, keys=keys)
+    assert our_hits == their_hits
+    # each pair's second request hits; an empty salt is no salt, so those pairs hit at once;
+    # (None, "tenant-b") is not '[null, "tenant-b"]' unsalted
+    assert our_hits == [0, 6, 0, 6, 0, 6, 0, 6, 6, 6, 0, 6, 0, 6, 6, 6, 0, 6, 6, 6]
+    assert ours.total_size() == theirs.total_size()
+    ours.check()
+
+
+def test_eviction_policy_names_are_sglangs_own():
+    """OPTIONAL (needs sglang): the adapter knows every --radix-eviction-policy SGLang accepts, and builds from its params."""
+    from sglang.srt.mem_cache import utils as mem_utils
+
+    sgl = _sglang()
+    assert set(SGLANG_EVICTION_POLICIES) == set(mem_utils._EVICTION_POLICY_FACTORIES)
+    for name in SGLANG_EVICTION_POLICIES:
+        mem_utils.get_eviction_strategy(name)  # SGLang builds each one
+    _, allocator, pool = _sglang_setup(sgl, 2, 16, lambda p, a: None)
+
+    def build(policy, config=None):
+        params = sgl.CacheInitParams(disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator,
+                                     page_size=2, eviction_policy=policy, eviction_policy_config=config)
+        return RadixKVCache.from_params(params)
+
+    lfu = build("lfu").cache.policy
+    assert type(lfu) is LFU and not lfu.aging
+    slru = build("slru", {"protected_threshold": 3}).cache.policy
+    assert type(slru) is SLRU and slru.protected_threshold == 3
+    for name, target in SGLANG_EVICTION_POLICIES.items():
+        if target is None:
+            with pytest.raises(ArgumentValueError, match=repr(name)):
+                build(name)
+
+
+def test_aborted_request_through_sglangs_release_caches_nothing_of_it(monkeypatch):
+    """OPTIONAL (needs sglang): the scheduler's abort (tree.finish(ABORT), release_kv_cache without checkpoint).
+
+    A chunked prefill aborted after its first chunk was checkpointed keeps
+    that chunk cached; the running chunk's pages all go back to the allocator.
+    """
+    from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle, CacheRequestOutcome
+
+    sgl = _sglang()
+    _no_server(sgl, monkeypatch)
+    page_size, num_pages = 2, 32
+    tree, allocator, pool = _sglang_setup(sgl, page_size, num_pages, lambda p, a: RadixKVCache(p, a, page_size))
+    prompt = list(range(10, 22))
+    req = SGLangReq(sgl, "aborted", prompt)
+    sgl.common.match_kv_cache(req, tree)
+    req.lock = tree.lock(req.last_node)
+    pool.alloc([req])
+    for end in (6, 10):  # chunk [0, 6) runs and is checkpointed; chunk [6, 10) is launched
+        req.extend_end = end
+        need = req.extend_end - req.prefix_len
+        slots = allocator.alloc(-(-need // page_size) * page_size)[:need]
+        pool.write((req.kv.req_pool_idx, slice(req.prefix_len, req.extend_end)), slots.to(torch.int32))
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = req.extend_end
+        if end == 6:
+            sgl.common.checkpoint_kv_cache(req, tree)
+    assert tree.total_size() == 6
+    tree.finish(CacheRequestHandle(rid=req.rid, attempt_id=0), CacheRequestOutcome.ABORT)
+    req.finished_reason = "abort"
+    sgl.common.release_kv_cache(req, tree, checkpoint=False)
+    assert req.kv.req_pool_idx is None and req.lock is None
+    assert tree.total_size() == 6 and tree.protected_size() == 0
+    assert allocator.available_size() + tree.total_size() == num_pages * page_size
+    tree.check()
+    assert _serve(sgl, tree, allocator, pool, [prompt], page_size, chunk=4) == [6]
+    tree.check()

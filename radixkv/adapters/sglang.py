@@ -46,8 +46,10 @@ requests keep their row state in ``req.kv`` (``req_pool_idx``,
 convention) still work and return :class:`LegacyMatchResult` / ``int``.
 
 Not supported: EAGLE bigram keys (``RadixKey.is_bigram``), SWA and mamba
-components, HiCache host tiers, and the ``dfs-weight`` schedule policy's
-``dfs_weight_order`` (it walks SGLang tree nodes; radixkv hands out handles).
+components, HiCache host tiers, the ``dfs-weight`` schedule policy's
+``dfs_weight_order`` (it walks SGLang tree nodes; radixkv hands out handles),
+and the eviction policies ``mru``, ``filo``, ``priority`` and ``tlru`` (refused
+with an error; :data:`SGLANG_EVICTION_POLICIES` maps the others).
 
 Mapping. SGLang addresses KV by token slot; its paged allocator hands out
 page-aligned runs, slot ``= page * page_size + offset``. radixkv's block id is
@@ -57,21 +59,27 @@ does not cache is *held* by SGLang (its allocator or a request): the adapter
 takes the whole pool at start, hands evicted and duplicate blocks straight
 back to SGLang's allocator, and so never owns a free block between calls.
 ``RadixKey.extra_key`` (LoRA id) and ``cache_salt`` (tenant) together name
-radixkv's ``namespace``. Index tensors may be torch tensors (results come back
-as int64 tensors on the pool's device) or numpy arrays.
+radixkv's ``namespace``: ``json.dumps([extra_key, cache_salt])``, or the
+default namespace when both are unset, so distinct pairs never share a page,
+as in SGLang. Aborted requests (SGLang's ``release_kv_cache`` without a
+checkpoint) cache nothing: their own pages go back to the allocator, and no
+checkpoint caches a position past the request's committed KV. Index tensors
+may be torch tensors (results come back as int64 tensors on the pool's
+device) or numpy arrays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..cache import NodeHandle, PrefixCache
-from ..errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError
+from ..errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, RadixKVError
 from .. import events as _rk
+from .. import policies as _policies
 from ..keys import check_positive_int
 
 SGLANG_TARGET_VERSION = "0.5.23"
@@ -285,6 +293,20 @@ class StandaloneBase:
     def on_release(self, req: Any, *, checkpointed: bool) -> None:
         pass
 
+    def release_aborted_request(self, handle: Any) -> None:
+        """Nothing to drop: this cache keeps no per-attempt (prefetch) state."""
+
+    def finish(self, handle: Any, outcome: Any) -> None:
+        """End of a request attempt (SGLang's ``CacheRequestOutcome`` ``SUCCESS`` or ``ABORT``).
+
+        An aborted request's row is then released without a checkpoint
+        (``release_kv_cache(req, tree, checkpoint=False)``): :meth:`free_kv_row`
+        frees its own pages and :meth:`unlock` its matched prefix; nothing of it
+        is cached.
+        """
+        if getattr(outcome, "name", outcome) != "SUCCESS":
+            self.release_aborted_request(handle)
+
     def supports_mamba(self) -> bool:
         return False
 
@@ -345,22 +367,111 @@ def _to_numpy(indices: Any) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-def _namespace(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
-    """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair; ``extra_key`` alone when unsalted."""
+def namespace_of(extra_key: Optional[str], cache_salt: Optional[str]) -> Optional[str]:
+    """radixkv namespace of SGLang's (``extra_key``, ``cache_salt``) pair. O(len of both).
+
+    What a router hashes as vLLM's ``cache_salt`` (``VLLMBlockView.block_hashes``)
+    to find the pages this adapter cached for the pair.
+
+    ``None`` (the default namespace) for ``(None, None)``; every other pair is
+    ``json.dumps([extra_key, cache_salt])``, salted or not. One encoding for
+    every pair makes the map injective by construction (``json.loads`` inverts
+    it), so no ``extra_key`` text can spell another pair's namespace, as SGLang
+    keeps them apart too; ``json.dumps`` escapes non-ASCII, so the namespace is
+    always encodable. An empty ``cache_salt`` is no salt (SGLang's ``RadixKey``
+    does the same); an empty ``extra_key`` is a key of its own, as in SGLang.
+    Raises :class:`ArgumentTypeError` unless both are ``str`` or ``None``.
+    """
+    for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if value is not None and type(value) is not str:
+            raise ArgumentTypeError(f"{name} must be a str or None, got {value!r}")
     if not cache_salt:
-        return extra_key
+        if extra_key is None:
+            return None
+        cache_salt = None
     return json.dumps([extra_key, cache_salt])
 
 
 def _cache_salt(namespace: Optional[str]) -> Optional[str]:
-    """The ``cache_salt`` half of a namespace made by :func:`_namespace` (``None`` when unsalted)."""
-    if not isinstance(namespace, str) or not namespace.startswith("["):
+    """The ``cache_salt`` of a namespace made by :func:`namespace_of` (``None`` when unsalted or foreign)."""
+    if namespace is None:
         return None
     try:
         pair = json.loads(namespace)
-    except ValueError:  # an extra_key that merely starts with "["
+    except (TypeError, ValueError):  # a namespace given to the cache underneath directly
         return None
-    return pair[1] if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str) else None
+    if isinstance(pair, list) and len(pair) == 2 and isinstance(pair[1], str):
+        return pair[1]
+    return None
+
+
+SGLANG_EVICTION_POLICIES: Dict[str, Optional[Tuple[str, Dict[str, Any]]]] = {
+    "lru": ("lru", {}),
+    "lfu": ("lfu", {"aging": False}),
+    "fifo": ("fifo", {}),
+    "slru": ("slru", {}),
+    "mru": None,
+    "filo": None,
+    "priority": None,
+    "tlru": None,
+}
+"""SGLang 0.5.23's ``--radix-eviction-policy`` names -> (radixkv policy, its options), ``None`` where
+radixkv has no counterpart.
+
+Each mapped policy ranks as SGLang's ``evict_policy.py`` strategy does:
+``lru`` by last use; ``lfu`` by (uses, last use) with no aging (radixkv's own
+``lfu`` is LFU-DA, reachable here as ``lfu-da``); ``fifo`` by the time the
+pages were cached (a split keeps it, where SGLang's split gives the shared
+upper part a new creation time); ``slru`` by (used at least
+``protected_threshold`` times, last use). Uses are counted in more places
+than SGLang's hits: SGLang counts one per request that inserts through a page;
+radixkv counts every match and insert (a reusing request adds two, each
+checkpoint of a chunked prefill one more, ``touch_prefix`` one). The adapter's
+lookup after its own insert is not a use, so a page one request cached has
+one use in both, and ``slru``'s default threshold 2 protects it at its first
+reuse in both.
+``mru``/``filo`` (newest first), ``priority`` (per-request priority) and
+``tlru`` (a per-conversation token budget) have no radixkv policy and are
+refused rather than replaced.
+"""
+
+
+def _eviction_policy(policy: Union[str, "_policies.EvictionPolicy"],
+                     config: Optional[Dict[str, Any]]) -> "_policies.EvictionPolicy":
+    """The radixkv policy for SGLang's ``eviction_policy`` name (or a radixkv name) and options.
+
+    SGLang's names take precedence (:data:`SGLANG_EVICTION_POLICIES`, any
+    case, as SGLang lowercases them); other names are radixkv policies.
+    ``config`` (SGLang's ``eviction_policy_config``) goes to the policy's
+    constructor as keyword arguments. Raises :class:`ArgumentValueError`
+    naming the policy and the supported ones, or the option that does not fit.
+    """
+    if isinstance(policy, _policies.EvictionPolicy):
+        if config:
+            raise ArgumentValueError(f"eviction_policy_config applies to a policy name, not to {policy!r}")
+        return policy
+    if not isinstance(policy, str):
+        raise ArgumentTypeError(f"eviction_policy must be a policy name or an EvictionPolicy, got {policy!r}")
+    if config is not None and not isinstance(config, dict):
+        raise ArgumentTypeError(f"eviction_policy_config must be a dict or None, got {config!r}")
+    name = policy.lower()
+    options: Dict[str, Any] = {}
+    target = SGLANG_EVICTION_POLICIES.get(name)
+    sglangs = name in SGLANG_EVICTION_POLICIES
+    if target is None and (sglangs or name not in _policies.available(include_aliases=True)):
+        why = "has no radixkv counterpart" if sglangs else "is unknown"
+        raise ArgumentValueError(
+            f"eviction policy {policy!r} {why}; supported SGLang policies: "
+            f"{', '.join(sorted(n for n, t in SGLANG_EVICTION_POLICIES.items() if t))}; "
+            f"radixkv policies: {', '.join(_policies.available(include_aliases=True))}")
+    if target is not None:
+        name, options = target
+    try:
+        return _policies.create(name, **{**options, **(config or {})})
+    except TypeError as exc:
+        if isinstance(exc, RadixKVError):
+            raise
+        raise ArgumentValueError(f"eviction_policy_config {config!r} does not fit policy {policy!r}: {exc}") from None
 
 
 def _int64(block_hash: int) -> int:
@@ -439,7 +550,13 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         page_size: tokens per page (SGLang's ``--page-size``).
         num_pages: pages in SGLang's KV pool including the reserved page 0;
             default ``allocator.size // page_size + 1``.
-        eviction_policy: a radixkv policy name (:func:`radixkv.policies.available`).
+        eviction_policy: SGLang's ``--radix-eviction-policy`` name (see
+            :data:`SGLANG_EVICTION_POLICIES`; names radixkv cannot honour raise
+            :class:`~radixkv.errors.ArgumentValueError`), another radixkv policy
+            name (:func:`radixkv.policies.available`), or a policy instance.
+        eviction_policy_config: SGLang's ``--radix-eviction-policy-config``:
+            keyword arguments of the policy (e.g. ``{"protected_threshold": 3}``
+            for ``slru``).
         enable_kv_cache_events: record KV events for :meth:`take_events`.
         disable: behave like SGLang with ``--disable-radix-cache`` (nothing is cached).
     """
@@ -451,7 +568,8 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         page_size: int = 1,
         *,
         num_pages: Optional[int] = None,
-        eviction_policy: str = "lru",
+        eviction_policy: Union[str, "_policies.EvictionPolicy"] = "lru",
+        eviction_policy_config: Optional[Dict[str, Any]] = None,
         enable_kv_cache_events: bool = False,
         disable: bool = False,
     ) -> None:
@@ -462,12 +580,14 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
                 raise ArgumentValueError("num_pages is required when token_to_kv_pool_allocator has no .size")
             num_pages = int(size) // page_size + 1
         num_pages = check_positive_int(num_pages, "num_pages")
+        # As SGLang: a disabled cache never evicts, so its policy is not built or checked.
+        policy = _eviction_policy("lru" if disable else eviction_policy, None if disable else eviction_policy_config)
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.disable = bool(disable)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
-        self.cache = PrefixCache(num_pages, page_size, policy=eviction_policy,
+        self.cache = PrefixCache(num_pages, page_size, policy=policy,
                                  enable_events=self.enable_kv_cache_events)
         """The radixkv cache underneath (its block ids are SGLang page indices)."""
         self.cache.allocate(num_pages)  # every block starts out held by SGLang
@@ -484,11 +604,14 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         """Build from SGLang's ``CacheInitParams`` (what its cache factories receive).
 
         Reads ``req_to_token_pool``, ``token_to_kv_pool_allocator``,
-        ``page_size``, ``disable`` and ``enable_kv_cache_events``; ``kwargs``
-        go to the constructor (``eviction_policy``, ``num_pages``).
+        ``page_size``, ``disable``, ``enable_kv_cache_events``,
+        ``eviction_policy`` and ``eviction_policy_config``; ``kwargs`` go to
+        the constructor and take precedence (``eviction_policy``, ``num_pages``).
         """
         if getattr(params, "is_eagle", False):
             raise ArgumentValueError("RadixKVCache does not support EAGLE bigram keys (params.is_eagle=True)")
+        kwargs.setdefault("eviction_policy", getattr(params, "eviction_policy", "lru"))
+        kwargs.setdefault("eviction_policy_config", getattr(params, "eviction_policy_config", None))
         return cls(params.req_to_token_pool, params.token_to_kv_pool_allocator, params.page_size,
                    enable_kv_cache_events=bool(getattr(params, "enable_kv_cache_events", False)),
                    disable=bool(params.disable), **kwargs)
@@ -525,7 +648,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
             raise ArgumentValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
         raw = getattr(key, "raw_token_ids", None)
         tokens = raw() if raw is not None else key.token_ids
-        return tokens, _namespace(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
+        return tokens, namespace_of(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
 
     def _free(self, slots: np.ndarray) -> None:
         if len(slots):
@@ -558,6 +681,25 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         present = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_declined=True)
         return present * self.page_size, tokens, namespace, n
 
+    def _cached_path(self, tokens: Any, namespace: Optional[str]) -> Tuple[NodeHandle, np.ndarray]:
+        """Handle and blocks of the cached page prefix of ``tokens``, without marking a use.
+
+        The adapter looks up what it has just inserted. Counting that lookup
+        as a use would give every new page a second use at once: ``slru``
+        would protect it, ``lfu`` count it twice, ``sieve`` mark it visited.
+        Cost: one read-only walk (a match, which splits, only if the walk
+        ends inside a node, which an insert of ``tokens`` just ruled out).
+        """
+        cache = self.cache
+        data, num_pages = cache._pages(tokens)
+        root = cache._existing_root(namespace)
+        if root is not None:
+            node, _, child, common = cache._tree.walk(root, data, num_pages)
+            if child is None or common == 0:
+                return NodeHandle(node, node.gen), cache._tree.path_blocks(node)
+        m = cache.match(tokens, namespace=namespace)
+        return m.node, m.blocks
+
     # ------------------------------------------------------------ BasePrefixCache (SGLang 0.5.23)
     @property
     def root_node(self) -> NodeHandle:
@@ -565,10 +707,11 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         return self.root_node_handle()
 
     def root_node_handle(self, extra_key: Optional[str] = None) -> NodeHandle:
-        """Handle of the root of ``extra_key``'s namespace."""
-        root = self._roots.get(extra_key)
+        """Handle of the root of unsalted ``extra_key``'s namespace (SGLang passes no salt here)."""
+        namespace = namespace_of(extra_key, None)
+        root = self._roots.get(namespace)
         if root is None or root._node.gen < 0:
-            root = self._roots[extra_key] = self.cache.match([], namespace=extra_key).node
+            root = self._roots[namespace] = self.cache.match([], namespace=namespace).node
         return root
 
     def reset(self):
@@ -619,8 +762,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         if not hasattr(params, "key"):  # bare RadixKey
             return self._insert_slots(params, value)[0]
         present, tokens, namespace, n = self._insert_slots(params.key, params.value)
-        node = self.cache.match(tokens[:n], namespace=namespace).node
-        return InsertResult(prefix_len=present, last_device_node=node)
+        return InsertResult(prefix_len=present, last_device_node=self._cached_path(tokens[:n], namespace)[0])
 
     def checkpoint(self, req, *, up_to: int, **kwargs):
         """Cache ``req``'s KV for row positions ``[0, up_to)`` and re-anchor the request on it.
@@ -632,15 +774,21 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         ``req.kv.cache_protected_len`` to the cached length, and moves
         ``req.lock`` / ``req.last_node`` to the new end. Partial pages and pages
         the policy declines stay the request's (SGLang's ``release_kv_cache``
-        frees them). Cost: one radixkv insert and one match.
+        frees them). Positions past ``req.kv.kv_committed_len`` are never
+        cached, whatever ``up_to`` says: their KV has not been computed, and a
+        cached page must hold its prefix's KV. Cost: one radixkv insert and
+        one read-only walk.
         """
         if self.disable:
             return
         kv = req.kv
         p = self.page_size
+        committed = getattr(kv, "kv_committed_len", None)
+        if committed is not None and committed < up_to:
+            up_to = committed
         token_ids = req.full_untruncated_fill_ids[:up_to]
         aligned = len(token_ids) // p * p
-        namespace = _namespace(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
+        namespace = namespace_of(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
         pool = self.req_to_token_pool
         slots = _to_numpy(pool.req_to_token[kv.req_pool_idx, :aligned])
         protected = kv.cache_protected_len
@@ -648,15 +796,15 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         self._free(slots[protected : present * p])
         if hasattr(kv, "cache_inserted_len"):
             kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
-        m = self.cache.match(token_ids[:aligned], namespace=namespace)
-        new_indices = self._slots(m.blocks)
+        node, blocks = self._cached_path(token_ids[:aligned], namespace)
+        new_indices = self._slots(blocks)
         if len(new_indices) > protected:
             pool.write((kv.req_pool_idx, slice(protected, len(new_indices))),
                        self._out(new_indices[protected:]))
         kv.cache_protected_len = len(new_indices)
         self.unlock(req.lock)
-        req.lock = self.lock(m.node)
-        req.last_node = m.node
+        req.lock = self.lock(node)
+        req.last_node = node
 
     def evict(self, params: EvictParams) -> EvictResult:
         """Evict at least ``params.num_tokens`` tokens (whole pages) if unprotected ones exist.
@@ -751,7 +899,8 @@ def register_with_sglang(name: str = "radixkv") -> bool:
 
 __all__ = [
     "DecLockRefParams", "DecLockRefResult", "EvictParams", "EvictResult", "IncLockRefResult",
-    "InsertParams", "InsertResult", "LegacyMatchResult", "MatchPrefixParams", "MatchResult",
-    "RadixKVCache", "RadixKey", "SGLANG_BASE", "SGLANG_TARGET_VERSION", "StandaloneBase", "TreeLock",
+    "InsertParams", "InsertResult", "LegacyMatchResult", "MatchPrefixParams", "MatchResult", "namespace_of",
+    "RadixKVCache", "RadixKey", "SGLANG_BASE", "SGLANG_EVICTION_POLICIES", "SGLANG_TARGET_VERSION",
+    "StandaloneBase", "TreeLock",
     "register_with_sglang",
 ]
