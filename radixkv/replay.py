@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterable, Optional, Union
 from .cache import PrefixCache
 from .costs import HardwareSpec, ModelSpec
 from .errors import ArgumentValueError
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord, other_namespace_pages
+from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord
 from .traces import Request
 
 
@@ -109,7 +109,16 @@ def replay(
             requests = list(requests)
         cache.policy.prepare(requests, cache.page_size, cache.clock + 1)
     stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons)
+    try:
+        return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start)
+    finally:
+        stats.detach(cache)
+
+
+def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_record, miss_reasons: bool,
+            start: float) -> ReplayResult:
     admit, add, want_record = cache.admit, stats.add, on_record is not None
+    other_pages = stats.other_pages
     first_ts = last_ts = None
     for request in requests:
         ts = request.timestamp
@@ -120,7 +129,7 @@ def replay(
             if first_ts is None:
                 first_ts = ts
             last_ts = ts
-        other = other_namespace_pages(cache, request) if miss_reasons else 0
+        other = other_pages(cache, request) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         admission = admit(request.tokens, namespace=request.namespace)
         admission.release()
