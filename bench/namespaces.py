@@ -68,7 +68,8 @@ def main() -> None:
         requests = trace(n, args.prompt_pages, args.one_namespace)
         bare, _, _ = timed(requests, False, args.repeat)
         reasons, result, roots = timed(requests, True, args.repeat)
-        line = {"namespaces": 1 if args.one_namespace else n, "requests": n, "prompt_pages": args.prompt_pages, "bare_seconds": round(bare, 4), "miss_reasons_seconds": round(reasons, 4),
+        line = {"namespaces": 1 if args.one_namespace else n, "requests": n, "prompt_pages": args.prompt_pages,
+                "bare_seconds": round(bare, 4), "miss_reasons_seconds": round(reasons, 4),
                 "ratio": round(reasons / bare, 3), "roots_after_evict": roots,
                 "other_namespace_tokens": result.miss_tokens_by_reason["other_namespace"],
                 "load_average": os.getloadavg()[0], "machine": machine()}

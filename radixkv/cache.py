@@ -617,7 +617,8 @@ class PrefixCache:
                 assert isinstance(node, Root) and self._tree._roots.get(node.namespace) is node, (
                     f"locked root {node!r} is not registered")
         roots = (root for _, root in self._tree.roots())
-        for node in itertools.chain(roots, self._tree.nodes(), self._detached):  # a lock on a node locks every node above it
+        # A lock on a node locks every node above it (aborted nodes still held count among themselves).
+        for node in itertools.chain(roots, self._tree.nodes(), self._detached):
             own = self._locks.get(node, 0) + self._pins.get(node, 0) + self._admitted.get(node, 0)
             below = sum(c.lock_ref for c in node.children.values()) if node.children else 0
             assert node.lock_ref == own + below, (
