@@ -26,7 +26,7 @@ from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
-from .tree import Node, RadixTree
+from .tree import Node, RadixTree, Root
 from .victims import VictimQueue
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
@@ -92,11 +92,19 @@ class MatchResult:
 class Admission:
     """A request admitted by :meth:`PrefixCache.admit`; its pages stay protected until :meth:`release`.
 
-    The admission's lock belongs to the admission: only :meth:`release` (or
-    leaving a ``with`` block) gives it up. :meth:`PrefixCache.unlock` of
+    The admission's lock belongs to the admission: only :meth:`release` or
+    :meth:`abort` (or leaving a ``with`` block) gives it up. :meth:`PrefixCache.unlock` of
     ``node`` undoes only explicit :meth:`PrefixCache.lock` calls and raises
     :class:`~radixkv.errors.LockError` when the admission's lock is all the
     node holds, so no order of ``release`` and ``unlock`` can unlock twice.
+
+    **Abort.** If the model raises before the new pages' KV is written, call
+    :meth:`abort` (leaving a ``with`` block by an exception does it): the new
+    pages are uncached, so no later request is served their unwritten bytes,
+    and the matched pages stay cached. Whichever of :meth:`release` and
+    :meth:`abort` comes first ends the admission; later calls of either do
+    nothing (after a release the pages are cached for good: their KV was
+    declared written, may have been served and copied to a lower tier).
 
     Attributes:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
@@ -107,7 +115,7 @@ class Admission:
         node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released")
+    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released", "_aborted")
 
     def __init__(self, cache: "PrefixCache", hit_tokens: int, blocks: np.ndarray,
                  new_blocks: np.ndarray, node: NodeHandle) -> None:
@@ -117,22 +125,53 @@ class Admission:
         self.node = node
         self._cache = cache
         self._released = False
+        self._aborted = False
 
     @property
     def released(self) -> bool:
+        """Whether the admission is over (released or aborted)."""
         return self._released
 
+    @property
+    def aborted(self) -> bool:
+        """Whether the admission ended by :meth:`abort`."""
+        return self._aborted
+
     def release(self) -> None:
-        """Unprotect this request's pages. Idempotent: a second call does nothing. O(depth)."""
+        """Unprotect this request's pages. Idempotent: a second call (or one after :meth:`abort`) does
+        nothing. O(depth)."""
         if not self._released:
             self._released = True
             self._cache._release_admission(self.node._node)
 
+    def abort(self) -> None:
+        """End the admission without its KV: uncache its new pages, keep the matched ones.
+
+        For a request whose prefill failed or was cancelled before the KV of
+        :attr:`new_blocks` was written. The new pages leave the cache together
+        with every page cached below them since (a batch mate that matched them
+        computed its own KV over their unwritten bytes), and are reported
+        removed; their blocks go back to the pool, except those another holder
+        still protects (another admission, a :meth:`PrefixCache.lock`), which
+        stay out of the pool (counted as held) until it lets go with its usual
+        call. A pin on them ends here (a later ``unpin`` of those tokens raises
+        :class:`~radixkv.errors.LockError`, as for tokens never pinned). Nothing
+        of them is ever copied to a lower tier, and lower-tier copies of pages
+        below them are forgotten. No-op after :meth:`release` or a first
+        :meth:`abort`. Cost: O(depth + pages removed).
+        """
+        if not self._released:
+            self._released = self._aborted = True
+            self._cache._abort_admission(self.node._node, self.hit_tokens // self._cache.page_size)
+
     def __enter__(self) -> "Admission":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.release()
+        else:
+            self.abort()
 
     def __repr__(self) -> str:
         return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
@@ -201,6 +240,9 @@ class PrefixCache:
         self._expiry: dict = {}  # node -> clock value after which its retention falls to 0
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
         self._expiry_seq = itertools.count()
+        self._detached: dict = {}  # aborted node -> None while another holder still protects it
+        self._detached_blocks = 0
+        self._page_index = None  # optional page-identity index (radixkv.stats.PageIndex)
         self._policy.attach(self)
         # Eviction hooks the policy leaves at the base class's no-op are not called at all.
         base, cls = _policies.EvictionPolicy, type(self._policy)
@@ -248,8 +290,18 @@ class PrefixCache:
 
     @property
     def num_held_blocks(self) -> int:
-        """Blocks allocated to callers and not yet inserted or freed. O(1)."""
+        """Blocks allocated to callers and not yet inserted or freed. O(1).
+
+        Includes the blocks of aborted pages that another holder still protects
+        (see :meth:`Admission.abort`): out of the cache, not yet back in the pool.
+        """
         return self._pool.num_blocks - self._pool.num_free - self._cached
+
+    @property
+    def num_namespaces(self) -> int:
+        """Namespaces holding pages (in HBM, or in a lower tier of a TieredCache) or locks now; an
+        unused namespace costs nothing. O(1)."""
+        return self._tree.num_roots
 
     # ------------------------------------------------------------------ lookups
     def match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
@@ -262,16 +314,24 @@ class PrefixCache:
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
         self._clock += 1
-        if root is None:
-            root = self._tree.root(namespace)
+        if root is None:  # nothing cached in it: no root is made for a lookup
+            root = self._tree.empty_root(namespace)
+            return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
         node, pos = self._descend(root, data, num_pages)
         blocks = self._touch_path(node, self._clock)
         return MatchResult(pos * self.page_size, blocks, NodeHandle(node, node.gen))
 
     # ------------------------------------------------------------------ locks
     def lock(self, handle: NodeHandle) -> None:
-        """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth)."""
+        """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth).
+
+        Raises :class:`StaleHandleError` for pages that were evicted or aborted.
+        """
         node = self._resolve(handle)
+        if self._detached and node in self._detached:
+            raise StaleHandleError(f"{handle!r} is stale: its pages were uncached by Admission.abort")
+        if node.parent is None:  # a root: registered while locked
+            node = self._tree.adopt(node)
         self._lock_node(node)
         self._locks[node] = self._locks.get(node, 0) + 1
 
@@ -393,6 +453,8 @@ class PrefixCache:
         keep = self._admit_pages(node, data, present, len(new), now)
         self._pool.give_back(new[keep:])
         self._add_pages(node, data, present, new[:keep].copy(), now)
+        if root.children is None:  # nothing cached (declined): the namespace stays unused
+            self._drop_root_if_unused(root)
         return present
 
     def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
@@ -526,10 +588,11 @@ class PrefixCache:
         assert len(values) == len(blocks), f"blocks owned twice: {values[counts > 1][:10].tolist()}"
         states = self._pool.states(blocks)
         assert np.all(states == CACHED), f"tree holds blocks not in state cached: {blocks[states != CACHED][:10].tolist()}"
-        assert self._pool.count(CACHED) == cached, (
-            f"{self._pool.count(CACHED)} blocks in state cached, tree holds {cached}")
+        detached = self._check_detached()
+        assert self._pool.count(CACHED) == cached + detached, (
+            f"{self._pool.count(CACHED)} blocks in state cached, tree holds {cached} (+ {detached} aborted, held)")
         held = self._pool.count(HELD)
-        assert self._pool.num_free + held + cached == self.num_blocks, "free + held + cached != capacity"
+        assert self._pool.num_free + held + cached + detached == self.num_blocks, "free + held + cached != capacity"
         live = dict((id(node), (key, node)) for key, node in self._victims.entries())
         assert len(live) == len(self._victims), "victim queue live count drifted"
         for nid, (key, node) in live.items():
@@ -546,14 +609,35 @@ class PrefixCache:
             assert node.alive and count > 0, f"admitted node {node} is gone or holds {count} admissions"
         for node, count in self._locks.items():
             assert node.alive and count > 0, f"locked node {node} is gone or holds {count} locks"
+        for ns, root in self._tree.roots():
+            assert root.children is not None or root.lock_ref or self._keeps_root(root), (
+                f"root of namespace {ns!r} holds no page and no lock: it should have been dropped")
+        for node in itertools.chain(self._pins, self._locks, self._admitted):
+            if node.parent is None and node not in self._detached:
+                assert isinstance(node, Root) and self._tree._roots.get(node.namespace) is node, (
+                    f"locked root {node!r} is not registered")
         roots = (root for _, root in self._tree.roots())
-        for node in itertools.chain(roots, self._tree.nodes()):  # a lock on a node locks every node above it
+        # A lock on a node locks every node above it (aborted nodes still held count among themselves).
+        for node in itertools.chain(roots, self._tree.nodes(), self._detached):
             own = self._locks.get(node, 0) + self._pins.get(node, 0) + self._admitted.get(node, 0)
             below = sum(c.lock_ref for c in node.children.values()) if node.children else 0
             assert node.lock_ref == own + below, (
                 f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
         if self._events is not None:
             self._events.check()
+
+    def _check_detached(self) -> int:
+        """Check the aborted nodes other holders still protect; return their blocks (part of check)."""
+        pages = 0
+        for node in self._detached:
+            assert node.alive and node.lock_ref > 0, f"detached {node} is gone or unprotected"
+            assert node.heap_id == 0, f"detached {node} is in the victim queue"
+            for child in (node.children or {}).values():
+                assert child in self._detached and child.parent is node, f"detached {node} has child {child}"
+            pages += node.num_pages
+            assert np.all(self._pool.states(node.blocks) == CACHED), f"detached {node}'s blocks changed state"
+        assert pages == self._detached_blocks, f"detached counter {self._detached_blocks}, recount {pages}"
+        return pages
 
     def reset(self) -> None:
         """Drop every cached page (blocks back to the pool). Raises if anything is protected."""
@@ -571,6 +655,20 @@ class PrefixCache:
         self._expiry_heap.clear()
         if self._events is not None:
             self._events.cleared()
+        if self._page_index is not None:
+            self._page_index.cleared()
+
+    def attach_page_index(self, index: Optional[Any]) -> Optional[Any]:
+        """Attach (or, with ``None``, detach) a page observer; return the one attached before.
+
+        The observer (:class:`radixkv.stats.PageIndex`, which replay's miss reasons
+        attach) gets ``stored(leaf)`` for every node of newly cached pages,
+        ``removed(blocks)`` before cached blocks leave, and ``cleared()`` on
+        :meth:`reset`. None is attached by default, and then it costs one
+        ``is not None`` test where pages enter or leave. O(1).
+        """
+        previous, self._page_index = self._page_index, index
+        return previous
 
     # ------------------------------------------------------------------ events
     @property
@@ -664,6 +762,8 @@ class PrefixCache:
             self._rank(leaf)
         if self._events is not None:
             self._events.stored(leaf)
+        if self._page_index is not None:
+            self._page_index.stored(leaf)
         return leaf
 
     def _admit_pages(self, node: Node, data: bytes, start: int, n: int, now: int) -> int:
@@ -751,6 +851,8 @@ class PrefixCache:
                     on_evict(node, victims.peek_key()[1])
                 if self._events is not None:
                     self._events.removed(node.blocks[node.num_pages - k :])
+                if self._page_index is not None:
+                    self._page_index.removed(node.blocks[node.num_pages - k :])
                 dropped.append(tree.truncate(node, k))
                 self._cached -= k
                 freed += k
@@ -764,7 +866,11 @@ class PrefixCache:
                         on_remove(node)
                     if self._expiry:
                         self._expiry.pop(node, None)
-                    self._rank(node.parent)
+                    parent = node.parent
+                    if parent.parent is not None:
+                        self._rank(parent)
+                    elif parent.children is None and not parent.lock_ref:
+                        self._drop_root_if_unused(parent)
         finally:
             if dropped:
                 self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
@@ -784,10 +890,113 @@ class PrefixCache:
         while node is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
-                self._protected -= node.num_pages
-                if node.children is None:
-                    self._rank(node)
+                if self._detached and node in self._detached:  # an aborted page's last holder let go
+                    self._free_detached(node)
+                else:
+                    self._protected -= node.num_pages
+                    if node.children is None:
+                        if node.parent is not None:
+                            self._rank(node)
+                        else:
+                            self._drop_root_if_unused(node)
             node = node.parent
+
+    def _keeps_root(self, root: Root) -> bool:
+        """Whether an empty, unlocked ``root`` must stay registered (a tier layer's pages hang off it)."""
+        return False
+
+    def _drop_root_if_unused(self, root: Root) -> None:
+        """Unregister ``root`` if it holds no page and no lock, so an unused namespace costs nothing.
+
+        Handles to it stay valid: a root handle means its namespace's empty
+        prefix, and :meth:`_resolve` maps it to whichever root is registered.
+        """
+        if root.children is None and not root.lock_ref and not self._keeps_root(root):
+            self._tree.discard_root(root)
+
+    # ------------------------------------------------------------------ abort
+    def _abort_admission(self, node: Node, start: int) -> None:
+        """End one admission whose deepest page is ``node`` and whose new pages start at page ``start``.
+
+        Uncaches the subtree from the first new page down (see :meth:`Admission.abort`):
+        pins in it end, the admission's lock goes, the subtree is cut from the tree
+        (its other holders' locks leave the path above it), and every node of it
+        leaves the cache: freed at once, or detached until its last holder lets go.
+        """
+        if node.end <= start or (self._detached and node in self._detached):
+            self._release_admission(node)  # no new pages of its own left in the cache
+            return
+        top = node
+        while top.start > start:
+            top = top.parent
+        subtree = [top]
+        for n in subtree:  # grows while iterated: parents before children
+            if n.children:
+                subtree.extend(n.children.values())
+        for n in subtree:
+            if self._pins and n in self._pins:
+                for _ in range(self._pins.pop(n)):
+                    self._unlock_node(n)
+        self._release_admission(node)
+        self._forget_below(top)
+        parent = top.parent
+        del parent.children[top.first]
+        if not parent.children:
+            parent.children = None
+        held = top.lock_ref  # other holders' locks in the subtree leave the path above it
+        up = parent
+        while held and up is not None:
+            up.lock_ref -= held
+            if not up.lock_ref:
+                self._protected -= up.num_pages
+            up = up.parent
+        if not parent.lock_ref and parent.children is None:
+            if parent.parent is not None:
+                self._rank(parent)
+            else:
+                self._drop_root_if_unused(parent)
+        top.parent = None
+        removed = np.concatenate([n.blocks for n in subtree])
+        if self._events is not None:
+            self._events.removed(removed)
+        if self._page_index is not None:
+            self._page_index.removed(removed)
+        freed = []
+        on_remove = self._eviction_hooks[2]
+        for n in subtree:
+            self._cached -= n.num_pages
+            if n.heap_id:
+                self._victims.discard(n)
+            if self._expiry:
+                self._expiry.pop(n, None)
+            if on_remove is not None:
+                on_remove(n)
+            if n.lock_ref:
+                self._protected -= n.num_pages
+                self._detached[n] = None
+                self._detached_blocks += n.num_pages
+                if n.children:
+                    n.children = {k: c for k, c in n.children.items() if c.lock_ref} or None
+            else:
+                freed.append(n.blocks)
+                n.gen = -1
+        if freed:
+            self._pool.give_back(np.concatenate(freed))
+
+    def _forget_below(self, top: Node) -> None:
+        """Hook: the pages from ``top`` down are being uncached by an abort (a tier layer drops its copies)."""
+
+    def _free_detached(self, node: Node) -> None:
+        """The last holder of detached (aborted) ``node`` let go: its blocks go back to the pool."""
+        del self._detached[node]
+        self._detached_blocks -= node.num_pages
+        self._pool.give_back(node.blocks)
+        node.gen = -1
+        parent = node.parent
+        if parent is not None and parent.children is not None:
+            parent.children.pop(node.first, None)
+            if not parent.children:
+                parent.children = None
 
     def _unlockable(self, handle: NodeHandle) -> Node:
         """The node of ``handle`` if :meth:`unlock` may undo one of its locks, else raise (nothing changed).
@@ -817,6 +1026,8 @@ class PrefixCache:
         node = handle._node
         if node.gen != handle._gen:
             raise StaleHandleError(f"{handle!r} is stale: its pages were evicted since it was issued")
+        if node.__class__ is Root:  # the empty prefix of its namespace, whichever root holds it now
+            return self._tree._roots.get(node.namespace, node)
         return node
 
     def _require_state(self, blocks: np.ndarray, state: int, action: str) -> None:

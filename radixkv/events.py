@@ -174,7 +174,7 @@ class EventLog:
     33 bytes per block plus one dict entry per cached page.
     """
 
-    __slots__ = ("_cache", "hasher", "_events", "_hashes", "_has", "_index", "_root_ns")
+    __slots__ = ("_cache", "hasher", "_events", "_hashes", "_has", "_index")
 
     def __init__(self, cache: "PrefixCache", hasher: Optional[BlockHasher] = None) -> None:
         self._cache = cache
@@ -183,7 +183,6 @@ class EventLog:
         self._hashes = np.zeros((cache.num_blocks, 32), dtype=np.uint8)  # block -> its page's hash
         self._has = np.zeros(cache.num_blocks, dtype=bool)
         self._index: Dict[BlockHash, int] = {}  # hash -> block
-        self._root_ns: Dict[int, Hashable] = {}
 
     # ------------------------------------------------------------ queries
     def __len__(self) -> int:
@@ -249,7 +248,6 @@ class EventLog:
         """Every page was dropped: clear the index, emit ``AllBlocksCleared``."""
         self._has[:] = False
         self._index.clear()
-        self._root_ns.clear()
         self._events.append(AllBlocksCleared())
 
     # ------------------------------------------------------------ tier hooks
@@ -320,15 +318,11 @@ class EventLog:
         return h, False
 
     def _namespace(self, node: "Node") -> Hashable:
+        """The namespace of ``node``'s root (roots come and go, so it is read from the root itself)."""
         root = node
         while root.parent is not None:
             root = root.parent
-        key = id(root)
-        if key not in self._root_ns:
-            self._root_ns.clear()
-            for ns, r in self._cache._tree.roots():
-                self._root_ns[id(r)] = ns
-        return self._root_ns[key]
+        return root.namespace
 
 
 def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Uni
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
-from .keys import as_tokens, check_positive_int
+from .keys import as_tokens, check_namespace, check_positive_int
 
 BlockHash = bytes
 """A full block hash: 32 bytes of SHA-256 (vLLM's ``BlockHash``)."""
@@ -87,7 +87,10 @@ def _encode(obj: Any, out: List[bytes]) -> None:
         out.append(_head(2, len(data)))
         out.append(data)
     elif isinstance(obj, str):
-        data = obj.encode("utf-8")
+        try:
+            data = obj.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 (CBOR text) form
+            raise ArgumentValueError(f"cannot CBOR-encode {obj!r} in a block hash: {exc.reason}") from None
         out.append(_head(3, len(data)))
         out.append(data)
     elif isinstance(obj, (tuple, list)):
@@ -401,6 +404,8 @@ class BlockHasher:
         salt) when the hash function and seed are that vLLM's. Cost: O(len(tokens)).
         """
         page_size = check_positive_int(page_size, "page_size")
+        if isinstance(namespace, str):  # the cache's rule, whatever the hash function can encode
+            check_namespace(namespace)
         arr = as_tokens(tokens)
         num_pages = len(arr) // page_size
         pages = arr[: num_pages * page_size].reshape(num_pages, page_size)

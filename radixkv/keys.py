@@ -90,9 +90,27 @@ def is_int(value: object) -> bool:
 
 
 def check_namespace(namespace: object) -> None:
-    """Raise :class:`TypeError` unless ``namespace`` is a ``str`` or ``None``. O(1)."""
-    if namespace is not None and type(namespace) is not str:
+    """Raise unless ``namespace`` is ``None`` or a ``str`` that is valid Unicode text.
+
+    A non-str is an :class:`~radixkv.errors.ArgumentTypeError`; a str holding a
+    lone surrogate (``"\\ud800"``, which ``json.loads`` produces from an escaped
+    half pair) an :class:`~radixkv.errors.ArgumentValueError`: it has no UTF-8
+    encoding, so it could be neither hashed into a block hash (CBOR text) nor
+    published in an event, and encoding it some other way would give the same
+    namespace different bytes in different consumers. Refusing it here, before
+    anything changes, keeps every namespace one string with one encoding. O(1)
+    for ASCII, else O(len).
+    """
+    if namespace is None:
+        return
+    if type(namespace) is not str:
         raise ArgumentTypeError(f"namespace must be a str or None, got {namespace!r}")
+    if not namespace.isascii():
+        try:
+            namespace.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ArgumentValueError(f"namespace must be valid Unicode text (UTF-8 encodable), got {namespace!r}: "
+                                     f"{exc.reason} at index {exc.start}") from None
 
 
 def check_positive_int(value: object, name: str, *, allow_zero: bool = False) -> int:

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Iterable, Optional, Union
 from .cache import PrefixCache
 from .costs import HardwareSpec, ModelSpec
 from .errors import ArgumentValueError
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord, other_namespace_pages
+from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord
 from .traces import Request
 
 
@@ -117,8 +117,17 @@ def replay(
     tier_costs = getattr(cache, "cost_model", None) if hasattr(cache, "hit_tokens_by_tier") else None
     stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
                         tier_costs=tier_costs)
+    try:
+        return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start, tier_costs)
+    finally:
+        stats.detach(cache)
+
+
+def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_record, miss_reasons: bool,
+            start: float, tier_costs) -> ReplayResult:
     lower_tiers = tuple(tier_costs.tier_paths) if tier_costs is not None else ()
     admit, add, want_record = cache.admit, stats.add, on_record is not None
+    other_pages = stats.other_pages
     loaded = None
     first_ts = last_ts = None
     for request in requests:
@@ -132,7 +141,7 @@ def replay(
             if first_ts is None:
                 first_ts = ts
             last_ts = ts
-        other = other_namespace_pages(cache, request) if miss_reasons else 0
+        other = other_pages(cache, request) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
         admission = admit(request.tokens, namespace=request.namespace)

@@ -42,6 +42,7 @@ turns the tracking off.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Dict, Mapping, Optional, Union
 
@@ -58,6 +59,7 @@ DEFAULT_MODEL = "llama-3-8b"
 DEFAULT_HARDWARE = "h100"
 
 _U64 = np.uint64
+_SALT_MEMO = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,22 +120,40 @@ class PrefixKeys:
 
     def keys(self, tokens: np.ndarray, num_pages: int, namespace: Optional[str] = None) -> np.ndarray:
         """Keys of the first ``num_pages`` full pages of ``tokens`` (uint64)."""
-        while len(self._depth) < num_pages:
+        h = self.extend(np.asarray(tokens, dtype=TOKEN_DTYPE), 0, num_pages, _U64(0))
+        salt = self.salt(namespace)
+        if salt:
+            h ^= salt
+        return h
+
+    def extend(self, tokens: np.ndarray, start: int, num_pages: int, prev: np.uint64) -> np.ndarray:
+        """Namespace-free keys of pages ``start .. start + num_pages - 1`` of a prefix whose page
+        ``start - 1`` has namespace-free key ``prev`` (0 at ``start == 0``); ``tokens`` holds those
+        pages' tokens. ``keys(t, n, None)`` is ``extend(t, 0, n, 0)``."""
+        end = start + num_pages
+        while len(self._depth) < end:
             self._depth = np.concatenate([self._depth, self._odd(len(self._depth))])
-        pages = np.asarray(tokens, dtype=TOKEN_DTYPE)[: num_pages * self.page_size]
+        pages = tokens[: num_pages * self.page_size]
         # einsum sums the products without a (pages, page_size) uint64 temporary: 2x faster
         h = np.einsum("ij,j->i", pages.reshape(num_pages, self.page_size), self._coef,
                       dtype=np.uint64, casting="unsafe")
         h += self._offset
-        h *= self._depth[:num_pages]
+        h *= self._depth[start:end]
+        if prev:
+            h[:1] += prev
         np.cumsum(h, out=h)
+        return h
+
+    def salt(self, namespace: Optional[str]) -> np.uint64:
+        """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``). Memoized, boundedly:
+        single-use namespaces must not grow memory without bound."""
         salt = self._salts.get(namespace)
         if salt is None:
-            digest = hashlib.blake2b(str(namespace).encode(), digest_size=8).digest()
+            digest = hashlib.blake2b(str(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            if len(self._salts) >= _SALT_MEMO:
+                self._salts = {None: _U64(0)}
             salt = self._salts[namespace] = _U64(int.from_bytes(digest, "little"))
-        if salt:
-            h ^= salt
-        return h
+        return salt
 
 
 class PageHistory:
@@ -196,11 +216,100 @@ class PageHistory:
             self._declined[int(keys[start])] = keys[start:].copy()
 
 
-def other_namespace_pages(cache, request: Request) -> int:
+class PageIndex:
+    """How many namespaces cache each page identity right now, for the ``other_namespace`` reason.
+
+    A page's identity is its token prefix without the namespace (the
+    namespace-free key of :class:`PrefixKeys`). Attached to a cache with
+    :meth:`~radixkv.PrefixCache.attach_page_index`, it is told of every page that
+    becomes cached (:meth:`stored`) or leaves (:meth:`removed`), and keeps
+    ``key -> number of namespaces caching that prefix``. Asking how deep another
+    namespace caches a request's prefix is then O(pages of the request), however
+    many namespaces the cache holds (walking every namespace's root instead is
+    quadratic over a trace of single-use namespaces). Cost: O(pages) numpy work
+    plus one dict update per page stored or removed; memory 8 bytes per block
+    plus one dict entry per distinct cached page.
+    """
+
+    def __init__(self, cache, keys: PrefixKeys) -> None:
+        self._keys = keys
+        self._page_size = cache.page_size
+        self._block_key = np.zeros(cache.num_blocks, dtype=np.uint64)
+        self._count: Counter = Counter()
+        self._expected: Optional[np.ndarray] = None
+        for node in cache._tree.nodes():  # parents before children
+            self.stored(node)
+
+    def expect(self, free_keys: Optional[np.ndarray]) -> None:
+        """Until the next call, every page stored is a page of the prefix with these namespace-free
+        keys (the request being admitted), so :meth:`stored` takes its keys from them instead of
+        hashing the pages again. ``None`` ends it."""
+        self._expected = free_keys
+
+    def stored(self, leaf) -> None:
+        """``leaf``'s pages became cached (the engine calls this). O(pages)."""
+        expected = self._expected
+        if expected is not None and leaf.start + leaf.num_pages <= len(expected):
+            keys = expected[leaf.start : leaf.start + leaf.num_pages]
+        else:
+            parent = leaf.parent
+            prev = self._block_key[parent.blocks[-1]] if parent.parent is not None else _U64(0)
+            tokens = np.frombuffer(leaf.key, dtype=TOKEN_DTYPE, count=leaf.num_pages * self._page_size)
+            keys = self._keys.extend(tokens, leaf.start, leaf.num_pages, prev)
+        self._block_key[leaf.blocks] = keys
+        self._count.update(keys.tolist())
+
+    def removed(self, blocks: np.ndarray) -> None:
+        """Cached ``blocks`` leave the cache (the engine calls this). O(len(blocks))."""
+        count = self._count
+        for k in self._block_key[blocks].tolist():
+            c = count[k] - 1
+            if c:
+                count[k] = c
+            else:
+                del count[k]
+
+    def cleared(self) -> None:
+        """Every page left the cache."""
+        self._count.clear()
+        self._expected = None
+
+    def __len__(self) -> int:
+        """Distinct page identities cached now."""
+        return len(self._count)
+
+    def other_pages(self, free_keys: np.ndarray, own_pages: int) -> int:
+        """Most leading pages of the prefix with namespace-free keys ``free_keys`` that another
+        namespace caches, given that the request's own namespace caches its first ``own_pages``.
+        Stops at the first page no other namespace holds (each namespace's pages are
+        prefix-closed). O(pages returned + 1)."""
+        count = self._count
+        d = 0
+        for k in free_keys.tolist():
+            if count.get(k, 0) - (d < own_pages) <= 0:
+                break
+            d += 1
+        return d
+
+
+def _own_pages(cache, request: Request, num_pages: int) -> int:
+    """Leading pages of ``request`` cached in its own namespace now. O(depth)."""
+    root = cache._tree._roots.get(request.namespace)
+    if root is None:
+        return 0
+    data = np.asarray(request.tokens, dtype=TOKEN_DTYPE)[: num_pages * cache.page_size].tobytes()
+    _, pos, _, common = cache._tree.walk(root, data, num_pages)
+    return pos + common
+
+
+def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = None,
+                          free_keys: Optional[np.ndarray] = None) -> int:
     """Most leading full pages of ``request`` cached right now under another namespace than its own.
 
-    Call it before admitting the request (admission may evict those pages). Read-only: it walks
-    the cache's tree from each other namespace's root. O(1) while the cache holds one namespace.
+    Call it before admitting the request (admission may evict those pages). Read-only. With
+    ``index`` (attached to ``cache``) and the request's namespace-free keys it is O(pages of the
+    request); without, it walks the tree from each other namespace's root. O(1) while the cache
+    holds at most the request's own namespace.
     """
     tree = cache._tree
     roots = tree._roots
@@ -208,6 +317,8 @@ def other_namespace_pages(cache, request: Request) -> int:
     if not roots or (len(roots) == 1 and namespace in roots):
         return 0
     num_pages = len(request.tokens) // cache.page_size
+    if index is not None:
+        return index.other_pages(free_keys[:num_pages], _own_pages(cache, request, num_pages))
     data = np.asarray(request.tokens, dtype=TOKEN_DTYPE)[: num_pages * cache.page_size].tobytes()
     best = 0
     for ns, root in tree.roots():
@@ -262,6 +373,40 @@ class ReplayStats:
         self.miss_tokens_by_reason: Dict[str, int] = dict.fromkeys(MISS_REASONS, 0) if miss_reasons else {}
         self._keys = PrefixKeys(page_size) if miss_reasons else None
         self._history = PageHistory() if miss_reasons else None
+        self._index: Optional[PageIndex] = None
+        self._previous_index = None
+        self._free = None  # (request, its namespace-free page keys): computed once per request
+
+    def other_pages(self, cache, request: Request) -> int:
+        """:func:`other_namespace_pages` of ``request``, taken before admitting it.
+
+        The first time ``cache`` holds a namespace other than the request's, a
+        :class:`PageIndex` of its pages is built and attached to it (until :meth:`detach`);
+        from then on each call is O(pages of the request) however many namespaces
+        ``cache`` holds. With miss reasons off it walks every other root.
+        """
+        roots = cache._tree._roots
+        if not roots or (len(roots) == 1 and request.namespace in roots):
+            if self._index is not None:
+                self._index.expect(None)
+            return 0
+        if self._keys is None:
+            return other_namespace_pages(cache, request)
+        index = self._index
+        if index is None or cache._page_index is not index:
+            index = self._index = PageIndex(cache, self._keys)
+            self._previous_index = cache.attach_page_index(index)
+        n = len(request.tokens) // self.page_size
+        free = self._keys.keys(request.tokens, n)
+        self._free = (request, free)
+        index.expect(free)  # the pages the admission stores are this request's
+        return other_namespace_pages(cache, request, index, free)
+
+    def detach(self, cache) -> None:
+        """Detach the :class:`PageIndex` :meth:`other_pages` attached to ``cache``, if any. O(1)."""
+        if self._index is not None and cache._page_index is self._index:
+            cache.attach_page_index(self._previous_index)
+        self._index = self._previous_index = None
 
     def add(self, request: Request, hit_tokens: int, admitted: int, declined: int, evicted: int,
             other_pages: int = 0, *, loaded_pages: Optional[Mapping[str, int]] = None,
@@ -285,6 +430,9 @@ class ReplayStats:
         self.prefill_flops_saved += flops
         self.ttft_saving_seconds += saving
         misses = self._classify(request, hit_tokens, admitted, declined, other_pages) if self._keys is not None else {}
+        if self._free is not None:
+            self._free = None
+            self._index.expect(None)
         if not want_record:
             return None
         return RequestRecord(self.requests - 1, request.timestamp, request.namespace, prompt, hit_tokens, admitted, declined,
@@ -300,7 +448,11 @@ class ReplayStats:
         out["partial_page"] = len(tokens) - n * p
         if h < n:
             history = self._history
-            keys = self._keys.keys(tokens, n, request.namespace)
+            memo = self._free
+            if memo is not None and memo[0] is request:
+                keys = memo[1] ^ self._keys.salt(request.namespace)
+            else:
+                keys = self._keys.keys(tokens, n, request.namespace)
             covered = history.ever_cached(keys)
             seen = max(covered, h)  # hit pages were cached, unless the cache was filled before the replay
             out["evicted"] = (seen - h) * p

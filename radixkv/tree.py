@@ -9,7 +9,7 @@ ownership live in the engine (:mod:`radixkv.cache`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -75,24 +75,72 @@ class Node:
         return f"Node(pages {self.start}..{self.end}, lock_ref={self.lock_ref}, gen={self.gen})"
 
 
-class RadixTree:
-    """Compressed trie of pages; one root per namespace so namespaces never share a page."""
+class Root(Node):
+    """The root of one namespace's subtree: no pages, and it knows its ``namespace``.
 
-    __slots__ = ("page_size", "page_bytes", "_roots")
+    Only roots carry the namespace (one slot more than a :class:`Node`), so a
+    page's namespace is found by walking up to its root.
+    """
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: Hashable) -> None:
+        super().__init__(None, b"", b"", _EMPTY_BLOCKS, 0)
+        self.namespace = namespace
+
+    def __repr__(self) -> str:
+        return f"Root({self.namespace!r}, lock_ref={self.lock_ref})"
+
+
+class RadixTree:
+    """Compressed trie of pages; one root per namespace so namespaces never share a page.
+
+    A namespace's root is registered while the engine needs it (it has pages or
+    locks) and may be dropped when it holds neither (:meth:`discard_root`), so an
+    unused namespace costs nothing. A :class:`Root` outside the registry (from
+    :meth:`detached_root`, or dropped) stands for the same empty prefix: the
+    engine registers it (:meth:`adopt`) before it hangs anything below it.
+    """
+
+    __slots__ = ("page_size", "page_bytes", "_roots", "on_root_emptied")
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self.page_bytes = page_size * TOKEN_BYTES
-        self._roots: Dict[Optional[str], Node] = {}
+        self._roots: Dict[Hashable, Root] = {}
+        self.on_root_emptied: Optional[Callable[[Root], None]] = None
+        """Called with a root whose last child :meth:`truncate` removed (the owner may drop it)."""
 
-    def root(self, namespace: Optional[str] = None) -> Node:
-        """The root of ``namespace``'s subtree, created on first use."""
+    def root(self, namespace: Hashable = None) -> Root:
+        """The registered root of ``namespace``'s subtree, created on first use. O(1)."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(None, b"", b"", _EMPTY_BLOCKS, 0)
+            root = self._roots[namespace] = Root(namespace)
         return root
 
-    def roots(self) -> Iterator[Tuple[Optional[str], Node]]:
+    def empty_root(self, namespace: Hashable) -> Root:
+        """An empty root of ``namespace`` that is not registered (what a match in an unused namespace
+        returns a handle to). O(1)."""
+        return Root(namespace)
+
+    def adopt(self, root: Root) -> Root:
+        """The registered root of ``root.namespace``: ``root`` itself, registered now if there was none. O(1)."""
+        current = self._roots.get(root.namespace)
+        if current is None:
+            current = self._roots[root.namespace] = root
+        return current
+
+    def discard_root(self, root: Root) -> None:
+        """Unregister ``root`` (the caller checked that it has no pages and no locks). O(1)."""
+        if self._roots.get(root.namespace) is root:
+            del self._roots[root.namespace]
+
+    @property
+    def num_roots(self) -> int:
+        """Registered roots (namespaces with pages or locks). O(1)."""
+        return len(self._roots)
+
+    def roots(self) -> Iterator[Tuple[Hashable, Root]]:
         return iter(list(self._roots.items()))
 
     def walk(self, root: Node, data: bytes, num_pages: int) -> Tuple[Node, int, Optional[Node], int]:
@@ -194,6 +242,8 @@ class RadixTree:
             del parent.children[node.first]
             if not parent.children:
                 parent.children = None
+                if parent.parent is None and self.on_root_emptied is not None:
+                    self.on_root_emptied(parent)
             node.gen = -1
             node.num_pages = 0
             node.blocks = _EMPTY_BLOCKS
@@ -231,6 +281,7 @@ class RadixTree:
         pb = self.page_bytes
         for ns, root in self.roots():
             assert root.parent is None and root.num_pages == 0, f"root of {ns!r} is malformed"
+            assert isinstance(root, Root) and root.namespace == ns, f"root {root!r} registered under {ns!r}"
             stack = [root]
             while stack:
                 node = stack.pop()

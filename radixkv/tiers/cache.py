@@ -117,6 +117,15 @@ class _TieredAdmission(Admission):
         finally:  # the lock goes whatever the copy-down did
             super().release()
 
+    def abort(self) -> None:
+        """As :meth:`Admission.abort`: the new pages are uncached and never copied below HBM."""
+        if self._released:
+            return
+        try:
+            self._cache._not_written(self)
+        finally:
+            super().abort()
+
 
 class TieredCache(PrefixCache):
     """A prefix cache with lower tiers: HBM, then ``tiers`` in order (e.g. host, then remote).
@@ -206,6 +215,7 @@ class TieredCache(PrefixCache):
         self._stack = TierStack(tiers, self.page_size, data is not None,
                                 TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes,
                                 leaves_first=self._exclusive)
+        self._stack.tree.on_root_emptied = self._spill_root_emptied
         self._zero_stats()
 
     def _zero_stats(self) -> None:
@@ -292,6 +302,7 @@ class TieredCache(PrefixCache):
         """Drop every cached page in every tier and zero the tier counters."""
         super().reset()
         self._stack.reset()
+        self._stack.tree.on_root_emptied = self._spill_root_emptied
         self._zero_stats()
 
     def close(self) -> None:
@@ -300,6 +311,30 @@ class TieredCache(PrefixCache):
             tier.close()
 
     # ------------------------------------------------------------------ hooks
+    def _keeps_root(self, root: Node) -> bool:
+        """An HBM root stays while the spill tree holds pages under it (the tiers key pages by it)."""
+        spill_root = self._stack.tree._roots.get(root)
+        return spill_root is not None and spill_root.children is not None
+
+    def _forget_below(self, top: Node) -> None:
+        """An abort uncaches ``top`` and its subtree: forget every lower copy from its first page down."""
+        if self._stack.num_pages:
+            root, data = self._path_data(top)
+            self._stack.discard(root, data[: (top.start + 1) * self._tree.page_bytes], top.start)
+
+    def _drop_root_if_unused(self, root: Node) -> None:
+        super()._drop_root_if_unused(root)
+        spill_root = self._stack.tree._roots.get(root)
+        if spill_root is not None and spill_root.children is None and self._tree._roots.get(root.namespace) is not root:
+            self._stack.tree.discard_root(spill_root)  # its key, the HBM root, is gone for good
+
+    def _spill_root_emptied(self, spill_root: Node) -> None:
+        """The lower tiers dropped the last page of a namespace: drop its roots if HBM holds none either."""
+        root = spill_root.namespace  # the spill tree is keyed by HBM roots
+        if root.children is None and not root.lock_ref:
+            self._tree.discard_root(root)
+            self._stack.tree.discard_root(spill_root)
+
     def _spill(self, node: Node, k: int) -> None:
         """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
         if not self._exclusive or not self._stack.tiers:
@@ -394,10 +429,20 @@ class TieredCache(PrefixCache):
         parts.reverse()
         return node, b"".join(parts)
 
-    def _written(self, admission: _TieredAdmission) -> None:
-        """``admission`` is being released: its new pages hold KV now; copy down what is due."""
+    def _not_written(self, admission: _TieredAdmission) -> None:
+        """``admission`` ends without KV (released, or aborted: then nothing is copied down)."""
         self._unwritten[admission.new_blocks] = False
         self._open_writes -= 1
+
+    def _written(self, admission: _TieredAdmission) -> None:
+        """``admission`` is being released: its new pages hold KV now; copy down what is due.
+
+        Nothing is copied when an abort uncached its pages meanwhile (a batch mate's
+        whose pages they continued): their KV was computed over unwritten bytes.
+        """
+        self._not_written(admission)
+        if self._detached and admission.node._node in self._detached:
+            return
         root, data, start = admission._root, admission._data, admission._start
         if not self._selective:
             self._copy_down(root, data, start, admission.new_blocks)

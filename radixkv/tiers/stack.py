@@ -470,6 +470,36 @@ class TierStack:
             node = upper
         self._place(i + 1, [node], data, copy.sums, node.start, copy.stamp, tier.name)
 
+    def discard(self, key: Hashable, data: bytes, start: int) -> int:
+        """Forget every lower copy of page ``start`` of ``data`` and of every page below it; return pages forgotten.
+
+        For pages whose KV is not (or no longer) trusted: an aborted admission's
+        pages and what was computed over them. Cost: one walk plus O(nodes forgotten).
+        """
+        root = self.tree._roots.get(key)
+        if root is None:
+            return 0
+        node, pos, child, common = self.tree.walk(root, data, start + 1)
+        if pos <= start:  # page ``start`` has no spill node: nothing below it either
+            if child is None or pos + common <= start:
+                return 0
+            node = child
+        path = self._path(node)
+        top = next(n for n in path if n.end > start)
+        if top.start < start:
+            self._split(top, start - top.start)
+        nodes = [top]
+        for n in nodes:  # grows while iterated: parents before children
+            if n.children:
+                nodes.extend(n.children.values())
+        forgotten = 0
+        for n in reversed(nodes):  # deepest first: a placeholder goes with its last copy below
+            if n.gen >= 0 and isinstance(n.ext, Copy):
+                forgotten += n.num_pages
+                n.ext.tier.give(self._release(n).slots)
+                self._drop(n)
+        return forgotten
+
     # ------------------------------------------------------------------ faults
     def _sweep_lost(self) -> None:
         for tier in self.tiers:
