@@ -67,39 +67,35 @@ def medium_of(tier_name: str) -> str:
     return TIER_MEDIUM.get(tier_name, tier_name.upper())
 
 
+def nodes_below(root, page_bytes: int):
+    """Every node under ``root`` (of either tree), with the tokens of its sequence from the first page through it."""
+    todo = [(child, b"") for child in (root.children or {}).values()]
+    while todo:
+        node, prefix = todo.pop()
+        data = prefix + node.key[: node.num_pages * page_bytes]
+        yield node, np.frombuffer(data, dtype=TOKEN_DTYPE).tolist()
+        todo.extend((child, data) for child in (node.children or {}).values())
+
+
 def residency(cache: TieredCache) -> Dict[str, Set[int]]:
     """medium -> hashes of the pages each tier holds now, from the trees (not from the event log)."""
-    hasher = BlockHasher()  # the default, as the cache's; computed afresh per page chain
+    hasher = BlockHasher()  # the cache's default, recomputed from each page's whole prefix
     namespace = {id(root): ns for ns, root in cache._tree.roots()}
+    pb = cache._tree.page_bytes
     out: Dict[str, Set[int]] = defaultdict(set)
 
-    def hashes(node, ns) -> list:
-        parts, n = [], node
-        while n.parent is not None:
-            parts.append(n.key[: n.num_pages * cache._tree.page_bytes])
-            n = n.parent
-        tokens = np.frombuffer(b"".join(reversed(parts)), dtype=TOKEN_DTYPE)
-        full = hasher.hash_pages(tokens, cache.page_size, namespace=ns)
-        return [external_block_hash(h) for h in full[node.start:]]
+    def hashes(node, tokens, ns) -> list:
+        return [external_block_hash(h) for h in hasher.hash_pages(tokens, cache.page_size, namespace=ns)[node.start:]]
 
     for ns, root in cache._tree.roots():
-        for node in _subtree(root):
-            out[MEDIUM_GPU].update(hashes(node, ns))
+        for node, tokens in nodes_below(root, pb):
+            out[MEDIUM_GPU].update(hashes(node, tokens, ns))
     for key, root in cache._stack.tree.roots():
         ns = namespace[id(key)]
-        for node in _subtree(root):
+        for node, tokens in nodes_below(root, pb):
             if isinstance(node.ext, Copy):
-                out[medium_of(node.ext.tier.name)].update(hashes(node, ns))
+                out[medium_of(node.ext.tier.name)].update(hashes(node, tokens, ns))
     return {m: h for m, h in out.items() if h}
-
-
-def _subtree(root):
-    stack = list(root.children.values()) if root.children else []
-    while stack:
-        node = stack.pop()
-        yield node
-        if node.children:
-            stack.extend(node.children.values())
 
 
 def assert_faithful(cache: TieredCache, consumer: Consumer) -> None:

@@ -117,6 +117,7 @@ class TierStack:
         self.journal: Optional[List[Change]] = None
         """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
         self._keys: Dict[int, Hashable] = {}  # id(spill root) -> its key
+        self._warned = False
 
     @property
     def num_pages(self) -> int:
@@ -128,7 +129,8 @@ class TierStack:
         """Count a failed call into ``tier`` (the first one warns): the caller treats it as a refusal."""
         self.tier_errors += 1
         self.last_tier_error = exc
-        if self.tier_errors == 1:
+        if not self._warned:  # once per stack, however often the counters are zeroed
+            self._warned = True
             warnings.warn(f"tier {tier.name!r}: {op} failed ({exc!r}); its pages are dropped or missed "
                           "(TierStack.tier_errors counts these)", RuntimeWarning, stacklevel=4)
 
