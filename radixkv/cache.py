@@ -507,6 +507,8 @@ class PrefixCache:
         if root is None:
             root = self._tree.root(namespace)
         node, pos = self._descend(root, data, num_pages)
+        if node.parent is None:  # a root (a lower tier's lookup may have let it go): registered while locked
+            node = self._tree.adopt(node)
         hit_blocks = self._touch_path(node, now)
         self._lock_node(node)
         need = num_pages - pos

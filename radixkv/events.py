@@ -16,12 +16,20 @@ tier) and ``BlockRemoved`` (``medium="GPU"``) when they leave it (evicted,
 whether dropped or demoted). A consumer that tracks only HBM can therefore
 read radixkv exactly as it reads SGLang or vLLM. Tier moves have no
 counterpart in either engine; radixkv adds :class:`BlockDemoted` (pages now
-also on a lower tier ``medium``, moved from ``source_medium``) and
-:class:`BlockPromoted` (pages loaded from ``source_medium`` into ``medium``),
-emitted by the tier layer through :meth:`EventLog.demoted` /
-:meth:`EventLog.promoted`. Each converts to the plain events that carry the
-same lower-tier residency (:meth:`BlockDemoted.as_store_remove`), the form
-SGLang's hierarchical cache reports a host copy in.
+also on a lower tier ``medium``, copied from ``source_medium``) and
+:class:`BlockPromoted` (pages moved from ``source_medium`` into ``medium``),
+emitted by the tier layer through :meth:`EventLog.lower_tier`. Each converts
+to the plain events that carry the same lower-tier residency
+(:meth:`BlockDemoted.as_store_remove`), the form SGLang's hierarchical cache
+reports a host copy in.
+
+Per medium the events are a faithful log: applying them in order (stored and
+demoted add pages to their ``medium``, removed and promoted take them off
+``medium`` / ``source_medium``, cleared empties every medium) gives the pages
+each tier holds. A lower tier reports its own losses too: a page cascaded to
+the next tier (``BlockRemoved`` on its medium, then ``BlockDemoted`` on the
+next), dropped from the last tier, refused by a tier's write (never reported
+as stored), failed its checksum, or lost with its remote host.
 
 :class:`EventLog` is the engine-side recorder. A :class:`~radixkv.PrefixCache`
 created with ``enable_events=True`` owns one and calls it at every point where
@@ -124,11 +132,13 @@ class _TierMove(KVCacheEvent):
 
 @dataclass(frozen=True, slots=True)
 class BlockDemoted(_TierMove):
-    """Pages moved down a tier: a copy is now on ``medium`` (e.g. ``"CPU"``), from ``source_medium``.
+    """Pages copied down a tier: a copy is now on ``medium`` (e.g. ``"CPU"``), from ``source_medium``.
 
     Same fields as :class:`BlockStored` minus the LoRA ones, plus ``source_medium``.
-    The device side (``BlockRemoved(medium="GPU")``) is reported by the engine
-    when HBM drops the pages.
+    It changes nothing on ``source_medium``: the device side
+    (``BlockRemoved(medium="GPU")``) is reported by the engine when HBM drops the
+    pages (write-back), never under write-through (HBM keeps them); a cascade
+    between lower tiers is preceded by ``BlockRemoved`` on ``source_medium``.
     """
 
     def as_store_remove(self) -> List[KVCacheEvent]:
@@ -139,11 +149,13 @@ class BlockDemoted(_TierMove):
 
 @dataclass(frozen=True, slots=True)
 class BlockPromoted(_TierMove):
-    """Pages loaded from ``source_medium`` (e.g. ``"CPU"``) into ``medium`` (e.g. ``"GPU"``).
+    """Pages moved from ``source_medium`` (e.g. ``"CPU"``) into ``medium`` (e.g. ``"GPU"``).
 
     The arrival in HBM is reported by the engine (``BlockStored(medium="GPU")``);
-    this event says where the pages came from. An exclusive (write-back) tier
-    gives its copy up: see :meth:`as_store_remove`.
+    this event says where the pages came from and that their copy left
+    ``source_medium``. Only an exclusive (write-back) tier gives its copy up; a
+    write-through tier keeps it, so a load from it is reported by the engine's
+    ``BlockStored`` alone.
     """
 
     def as_store_remove(self, *, exclusive: bool = True) -> List[KVCacheEvent]:
@@ -277,6 +289,49 @@ class EventLog:
             self.hasher.event_hashes(hashes[start:stop]),
             self.hasher.event_hash(parent) if parent is not None else None,
             tokens.ravel().tolist(), self._cache.page_size, medium, source_medium))
+
+    def lower_tier(self, kind: str, root: "Node", data: bytes, start: int, *, medium: str,
+                   source_medium: str = MEDIUM_GPU) -> None:
+        """Pages ``start..`` of ``data`` changed residency on lower tier ``medium``.
+
+        ``data`` is the whole pages of the sequence from its first one, under
+        the engine's namespace root ``root``. ``kind`` ``"stored"`` emits
+        :class:`BlockDemoted` (copied from ``source_medium``), ``"removed"``
+        :class:`BlockRemoved` and ``"promoted"`` :class:`BlockPromoted` (the
+        pages moved up to the GPU). The chain continues from the indexed hash
+        of page ``start - 1`` when HBM holds it (a C-speed walk), else it is
+        hashed from the sequence's first page. Cost: O(pages changed) hashes,
+        O(pages of data) when the page before them is not in HBM.
+        """
+        size = self._cache.page_size
+        tokens = np.frombuffer(data, dtype=TOKEN_DTYPE).reshape(-1, size)
+        namespace = self._namespace(root)
+        parent = self._hbm_page_hash(root, data, start) if start else None
+        if parent is None and start:
+            hashes = self.hasher.chain(tokens, None, 0, namespace)
+            parent, hashes = hashes[start - 1], hashes[start:]
+        else:
+            hashes = self.hasher.chain(tokens[start:], parent, start, namespace)
+        ints = self.hasher.event_hashes(hashes)
+        if kind == "removed":
+            self._events.append(BlockRemoved(ints, medium))
+            return
+        parent_int = self.hasher.event_hash(parent) if parent is not None else None
+        pages = tokens[start:].ravel().tolist()
+        if kind == "stored":
+            self._events.append(BlockDemoted(ints, parent_int, pages, size, medium, source_medium))
+        elif kind == "promoted":
+            self._events.append(BlockPromoted(ints, parent_int, pages, size, MEDIUM_GPU, medium))
+        else:
+            raise ArgumentValueError(f"kind must be 'stored', 'removed' or 'promoted', got {kind!r}")
+
+    def _hbm_page_hash(self, root: "Node", data: bytes, pos: int) -> Optional[BlockHash]:
+        """The indexed hash of page ``pos - 1`` of ``data`` under ``root`` if HBM holds it, else ``None``."""
+        node, end, child, common = self._cache._tree.walk(root, data, pos)
+        holder = node if end == pos else child if end + common == pos else None
+        if holder is None or holder.parent is None:
+            return None
+        return self.block_hash(int(holder.blocks[pos - 1 - holder.start]))
 
     # ------------------------------------------------------------ checks
     def check(self) -> None:

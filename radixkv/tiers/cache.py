@@ -42,11 +42,11 @@ from .. import policies as _policies
 from ..cache import Admission, PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..errors import ArgumentTypeError
-from ..events import TIER_MEDIUM
+from ..events import MEDIUM_GPU, TIER_MEDIUM, KVCacheEvent
 from ..keys import TokensLike, is_int
 from ..tree import Node
 from .base import Tier, TierConfigError
-from .stack import TierStack
+from .stack import TierStack, path_data
 from .transfers import HBM, TransferLedger, TransferTotals
 
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
@@ -81,6 +81,9 @@ class TierStats:
             tier refused (a Redis server out of memory).
         lost_pages: copies forgotten because their remote host died.
         pages_by_tier: pages each lower tier holds now.
+        tier_errors: calls into a tier that raised or answered out of contract (each failed like a
+            refused write or a missed read; a remote backend's own errors are in
+            :attr:`RemoteTier.backend_errors <radixkv.tiers.RemoteTier.backend_errors>`).
     """
 
     hit_tokens_by_tier: Dict[str, int]
@@ -93,6 +96,7 @@ class TierStats:
     dropped_pages: int
     lost_pages: int
     pages_by_tier: Dict[str, int]
+    tier_errors: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -216,6 +220,8 @@ class TieredCache(PrefixCache):
                                 TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes,
                                 leaves_first=self._exclusive)
         self._stack.tree.on_root_emptied = self._spill_root_emptied
+        if self._events is not None:
+            self._stack.journal = []  # residency changes below HBM, reported by _report_tiers
         self._zero_stats()
 
     def _zero_stats(self) -> None:
@@ -223,6 +229,7 @@ class TieredCache(PrefixCache):
         self._recomputed_pages = 0
         self._stack.ledger.reset()
         self._stack.dropped_pages = self._stack.integrity_misses = self._stack.lost_pages = 0
+        self._stack.tier_errors = 0
 
     # ------------------------------------------------------------------ public
     @property
@@ -246,7 +253,8 @@ class TieredCache(PrefixCache):
         s = self._stack
         return TierStats(self.hit_tokens_by_tier, t.bytes_by_link, t.seconds_by_link, t.bytes_by_route,
                          t.seconds, self._recomputed_pages * self.page_size, s.integrity_misses,
-                         s.dropped_pages, s.lost_pages, {tier.name: tier.used for tier in s.tiers})
+                         s.dropped_pages, s.lost_pages, {tier.name: tier.used for tier in s.tiers},
+                         s.tier_errors)
 
     def peek(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[int, int]:
         """``(HBM pages, lower-tier pages)`` of the longest cached prefix of ``tokens``; changes nothing.
@@ -300,10 +308,16 @@ class TieredCache(PrefixCache):
 
     def reset(self) -> None:
         """Drop every cached page in every tier and zero the tier counters."""
+        self._report_tiers()
         super().reset()
         self._stack.reset()
         self._stack.tree.on_root_emptied = self._spill_root_emptied
         self._zero_stats()
+
+    def take_events(self) -> List[KVCacheEvent]:
+        """As :meth:`PrefixCache.take_events`, with every lower tier's residency changes (see :meth:`_report_tiers`)."""
+        self._report_tiers()
+        return super().take_events()
 
     def close(self) -> None:
         """Close the tiers' external connections (Redis)."""
@@ -343,10 +357,7 @@ class TieredCache(PrefixCache):
         blocks = node.blocks[node.num_pages - k:]
         pages = self._pool.data[blocks] if self._pool.data is not None else None
         self._stack.put(root, data, node.end - k, node.end, pages)
-        if self._events is not None:
-            first = self._stack.tiers[0].name
-            self._events.demoted(node, range(node.num_pages - k, node.num_pages),
-                                 medium=TIER_MEDIUM.get(first, first.upper()))
+        self._report_tiers()
 
     def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
         node, pos = super()._descend(root, data, num_pages)
@@ -366,6 +377,7 @@ class TieredCache(PrefixCache):
             if not plan:
                 return node, pos
             got, payload, by_tier = stack.fetch(run, plan, self._exclusive)
+            self._report_tiers()
             if not got:
                 return node, pos
             free = self._pool.num_free
@@ -375,14 +387,9 @@ class TieredCache(PrefixCache):
             if payload is not None:
                 self._pool.data[blocks] = payload
             leaf = self._add_pages(node, data, pos, blocks, self._clock)
-            offset = 0
-            for name, pages in by_tier:
-                if use:
+            if use:
+                for name, pages in by_tier:
                     self._hit_pages[name] += pages
-                if self._events is not None and leaf is not None:
-                    self._events.promoted(leaf, range(offset, min(offset + pages, leaf.num_pages)),
-                                          source_medium=TIER_MEDIUM.get(name, name.upper()))
-                offset += pages
             return leaf, pos + got
         finally:
             self._unlock_node(node)
@@ -417,17 +424,28 @@ class TieredCache(PrefixCache):
         return total
 
     def _path_data(self, node: Node) -> Tuple[Node, bytes]:
-        """The root above ``node`` and the bytes of every page from the root through ``node``. O(depth)."""
-        pb = self._tree.page_bytes
-        parts = []
-        while node.parent is not None:
-            rest = node.rest
-            n = (node.num_pages - 1) * pb
-            parts.append(rest if len(rest) == n else rest[:n])
-            parts.append(node.first)
-            node = node.parent
-        parts.reverse()
-        return node, b"".join(parts)
+        """The root above ``node`` (of either tree) and the bytes of its pages from the root. O(depth)."""
+        return path_data(node, self._tree.page_bytes)
+
+    def _report_tiers(self) -> None:
+        """Turn the stack's journal of lower-tier residency changes into events, in order.
+
+        Per medium, the events are then a faithful log: a page stored on a
+        lower tier is reported (``BlockDemoted``, on the tier that took it,
+        from the medium it came from), and so is every page leaving one
+        (``BlockRemoved`` when it was cascaded down, dropped, refused a later
+        home, failed its checksum or was lost with its host; ``BlockPromoted``
+        when it moved up to HBM). Cost: O(depth) hashes per change.
+        """
+        stack = self._stack
+        journal = stack.journal
+        if not journal:
+            return
+        stack.journal = []
+        medium = {t.name: TIER_MEDIUM.get(t.name, t.name.upper()) for t in stack.tiers}
+        medium[HBM] = MEDIUM_GPU
+        for kind, root, data, start, tier, source in journal:
+            self._events.lower_tier(kind, root, data, start, medium=medium[tier], source_medium=medium[source])
 
     def _not_written(self, admission: _TieredAdmission) -> None:
         """``admission`` ends without KV (released, or aborted: then nothing is copied down)."""
@@ -464,6 +482,7 @@ class TieredCache(PrefixCache):
             return
         pages = self._pool.data[blocks] if self._pool.data is not None else None
         self._stack.put(root, data, start, start + len(blocks), pages)
+        self._report_tiers()
 
     def _count_hits(self, node: Node, data: bytes) -> None:
         """Selective write-through: count a hit on every matched node; copy down at the threshold.

@@ -8,11 +8,14 @@ server per host. A backend that raises :class:`HostDown` marks its host dead:
 every page on it becomes a miss and the stack forgets those copies. A backend
 that refuses single writes (a server out of memory) reports them from
 :meth:`RemoteBackend.put`: only those pages are dropped, the host stays live.
-Any other exception from a backend fails that one call the same way (its
-writes dropped, its reads missed; the host stays live) and is counted in
-:attr:`RemoteTier.backend_errors`, the first one with a ``RuntimeWarning``:
+Any other exception from a backend, or an answer out of the
+:class:`RemoteBackend` contract (``get`` not one ``bytes`` or ``None`` per
+slot, ``put`` not ``None`` or one bool per slot), fails that one call the same
+way (its writes dropped, its reads missed; the host stays live) and is counted
+in :attr:`RemoteTier.backend_errors`, the first one with a ``RuntimeWarning``:
 a broken backend costs recomputes, never an exception out of the cache's
-calls or a half-made eviction.
+calls or a half-made eviction. Bytes of the right length that are not the
+page's fail its checksum in the stack (an integrity miss).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from ..pool import BlockPool
 from .base import SLOT_DTYPE, Tier, check_capacity
 
 _MARKER = b"\x01"  # stored when the cache keeps no payload, so a lost host still shows as a miss
+_FAILED = object()  # what _call answers for a call that raised
+_BYTES = (bytes, bytearray, memoryview)
 
 
 class HostDown(Exception):
@@ -92,6 +97,25 @@ class SimulatedHosts:
 
     def close(self) -> None:
         pass
+
+
+def _put_ok(answer: object, n: int) -> np.ndarray:
+    """A ``put`` answer other than ``None``: one bool per slot (True: stored)."""
+    if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__") or len(answer) != n:
+        raise ValueError(f"put must answer None or one bool per slot ({n}), got {answer!r}")
+    if not all(isinstance(v, (bool, np.bool_)) for v in answer):
+        raise TypeError(f"put must answer None or one bool per slot, got {answer!r}")
+    return np.array(answer, dtype=bool)
+
+
+def _got(answer: object, n: int) -> list:
+    """A ``get`` answer: one ``bytes`` (or ``None``: missing) per slot."""
+    if isinstance(answer, (str, bytes)) or not hasattr(answer, "__len__") or len(answer) != n:
+        raise ValueError(f"get must answer one value per slot ({n}), got {answer!r}")
+    values = list(answer)
+    if not all(v is None or isinstance(v, _BYTES) for v in values):
+        raise TypeError(f"get must answer bytes or None per slot, got {answer!r}")
+    return values
 
 
 class RemoteTier(Tier):
@@ -164,11 +188,9 @@ class RemoteTier(Tier):
             local = (slots[idx] % self.blocks_per_host).tolist()
             values = ([_MARKER] * len(idx) if pages is None
                       else [pages[i].tobytes() for i in idx])
-            stored = self._call(host, self.backend.put, host, local, values) if self._live[host] else None
-            if stored is None:
-                ok[idx] = False
-            elif stored is not True:  # per-slot answer: some writes refused
-                ok[idx] = np.fromiter(stored, dtype=bool, count=len(idx))
+            stored = self._call(host, self.backend.put, host, local, values) if self._live[host] else _FAILED
+            if stored is not None:  # None: every value stored
+                ok[idx] = self._answer("put", stored, len(idx), _put_ok)
         return ok
 
     def read(self, slots: np.ndarray) -> Tuple[Optional[np.ndarray], np.ndarray]:
@@ -181,6 +203,7 @@ class RemoteTier(Tier):
             if not self._live[host]:
                 continue
             values = self._call(host, self.backend.get, host, (slots[idx] % self.blocks_per_host).tolist())
+            values = self._answer("get", values, len(idx), _got)
             if values is None:
                 continue
             for i, value in zip(idx, values):
@@ -201,19 +224,33 @@ class RemoteTier(Tier):
         return lost
 
     def _call(self, host: int, fn, *args):
+        """``fn(*args)``'s answer, or ``_FAILED`` when it raised (a dead host, or a counted backend error)."""
         try:
-            result = fn(*args)
+            return fn(*args)
         except HostDown:
             self._mark_dead(host)
-            return None
         except Exception as exc:  # a backend bug or server error: this call fails, the cache goes on
-            self.backend_errors += 1
-            self.last_backend_error = exc
-            if self.backend_errors == 1:
-                warnings.warn(f"{self.name}: backend {fn.__name__} failed ({exc!r}); its pages count as "
-                              "misses (RemoteTier.backend_errors counts these)", RuntimeWarning, stacklevel=2)
-            return None
-        return True if result is None else result
+            self._error(fn.__name__, exc)
+        return _FAILED
+
+    def _answer(self, op: str, answer: object, n: int, parse):
+        """``parse(answer, n)`` for a call that answered, else its failed form (``_FAILED`` -> nothing found).
+
+        An answer ``parse`` rejects is a counted backend error, like an exception.
+        """
+        if answer is not _FAILED:
+            try:
+                return parse(answer, n)
+            except (TypeError, ValueError) as exc:
+                self._error(op, exc)
+        return None if op == "get" else False
+
+    def _error(self, op: str, exc: BaseException) -> None:
+        self.backend_errors += 1
+        self.last_backend_error = exc
+        if self.backend_errors == 1:
+            warnings.warn(f"{self.name}: backend {op} failed ({exc!r}); its pages count as "
+                          "misses (RemoteTier.backend_errors counts these)", RuntimeWarning, stacklevel=4)
 
     def _mark_dead(self, host: int) -> None:
         if self._live[host]:

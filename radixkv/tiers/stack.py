@@ -33,22 +33,53 @@ tier's policy: ``on_victim`` (0 spares the node: re-rank and look again;
 ``k`` lets only ``k`` tail pages go), ``on_evict`` with the victim's
 priority, then the pages leave (``on_split`` for the part that stays,
 ``on_remove`` for the part that goes).
+
+Faults: every call into a tier goes through a guard that turns an exception,
+or an answer out of the :class:`~radixkv.tiers.base.Tier` contract, into the
+call's refusal (a write stores nothing, a read finds nothing, a take hands out
+no slot), counted in :attr:`TierStack.tier_errors` and warned once. So a
+broken tier costs dropped pages and misses; the spill tree is never left with
+a node in flight or a slot held by no page.
+
+Residency journal: when :attr:`TierStack.journal` is a list (a cache with
+events sets it), every change of a page's residency below HBM is appended to
+it as it happens, in order: the tier layer turns it into events.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+import warnings
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import policies as _policies
 from ..tree import Node, RadixTree
-from .base import IN_FLIGHT, Copy, Tier, checksums
+from .base import IN_FLIGHT, NO_SLOTS, SLOT_DTYPE, Copy, Tier, checksums
 from .transfers import HBM, TransferLedger
+
+Change = Tuple[str, Hashable, bytes, int, str, str]
+"""A journal entry ``(kind, key, data, start, tier, source)``: pages ``start..`` of ``data`` (the
+whole pages of the sequence from its first page, under spill root ``key``) were ``"stored"`` in
+``tier`` (copied from tier ``source``, or from ``"hbm"``), ``"removed"`` from it, or ``"promoted"``
+from it to HBM (the copy left the tier)."""
 
 
 def _zeros(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.int32)
+
+
+def path_data(node: Node, page_bytes: int) -> Tuple[Node, bytes]:
+    """The root above ``node`` and the bytes of every page from the root through ``node``. O(depth)."""
+    parts = []
+    while node.parent is not None:
+        rest = node.rest
+        n = (node.num_pages - 1) * page_bytes
+        parts.append(rest if len(rest) == n else rest[:n])
+        parts.append(node.first)
+        node = node.parent
+    parts.reverse()
+    return node, b"".join(parts)
 
 
 class TierStack:
@@ -79,11 +110,88 @@ class TierStack:
         """Pages whose payload was missing or failed its checksum on load (monotonic)."""
         self.lost_pages = 0
         """Copies forgotten because their remote host died (monotonic)."""
+        self.tier_errors = 0
+        """Calls into a tier that raised or answered out of contract, each failed as a refusal (monotonic)."""
+        self.last_tier_error: Optional[BaseException] = None
+        """The latest of those errors, for diagnosis."""
+        self.journal: Optional[List[Change]] = None
+        """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
+        self._warned = False
 
     @property
     def num_pages(self) -> int:
         """Pages held below HBM. O(tiers)."""
         return sum(t.used for t in self.tiers)
+
+    # ------------------------------------------------------------------ guarded tier calls
+    def _fault(self, tier: Tier, op: str, exc: BaseException) -> None:
+        """Count a failed call into ``tier`` (the first one warns): the caller treats it as a refusal."""
+        self.tier_errors += 1
+        self.last_tier_error = exc
+        if not self._warned:  # once per stack, however often the counters are zeroed
+            self._warned = True
+            warnings.warn(f"tier {tier.name!r}: {op} failed ({exc!r}); its pages are dropped or missed "
+                          "(TierStack.tier_errors counts these)", RuntimeWarning, stacklevel=4)
+
+    def _guard(self, tier: Tier, op: str, call: Callable[[], object], check: Callable[[object], object],
+               failed: object):
+        """``check(call())``, or ``failed`` when either raises (counted by :meth:`_fault`)."""
+        try:
+            return check(call())
+        except Exception as exc:  # a tier bug or an out-of-contract answer: this call fails, the stack goes on
+            self._fault(tier, op, exc)
+            return failed
+
+    @staticmethod
+    def _mask(answer: object, n: int, op: str) -> np.ndarray:
+        ok = np.asarray(answer)
+        if ok.shape != (n,) or ok.dtype != bool:
+            raise TypeError(f"{op} must answer one bool per slot ({n}), got {answer!r}")
+        return ok.copy()
+
+    def _take(self, tier: Tier, n: int) -> np.ndarray:
+        def check(slots: object) -> np.ndarray:
+            if not isinstance(slots, np.ndarray) or slots.ndim != 1 or len(slots) > n or slots.dtype.kind not in "iu":
+                raise TypeError(f"take({n}) must answer at most {n} int slots, got {slots!r}")
+            return slots.astype(SLOT_DTYPE, copy=False)
+        return self._guard(tier, "take", lambda: tier.take(n), check, NO_SLOTS)
+
+    def _give(self, tier: Tier, slots: np.ndarray) -> None:
+        if len(slots):
+            self._guard(tier, "give", lambda: tier.give(slots), lambda _: None, None)
+
+    def _write(self, tier: Tier, slots: np.ndarray, pages: Optional[np.ndarray]) -> np.ndarray:
+        """Per-slot ok mask of ``tier.write``; all False when it raises or answers garbage."""
+        n = len(slots)
+        return self._guard(tier, "write", lambda: tier.write(slots, pages), lambda ok: self._mask(ok, n, "write"),
+                           np.zeros(n, dtype=bool))
+
+    def _read(self, tier: Tier, slots: np.ndarray) -> Tuple[Optional[np.ndarray], np.ndarray]:
+        """``tier.read(slots)`` checked against the contract; nothing found when it raises or answers garbage."""
+        n = len(slots)
+        shape = (n, *tier.page_shape) if self.has_payload and tier.page_shape is not None else None
+
+        def check(answer: object) -> Tuple[Optional[np.ndarray], np.ndarray]:
+            data, ok = answer  # type: ignore[misc]
+            ok = self._mask(ok, n, "read")
+            if shape is None:
+                return None, ok
+            if not isinstance(data, np.ndarray) or data.shape != shape or data.dtype != tier.dtype:
+                raise TypeError(f"read must answer pages of shape {shape} and dtype {tier.dtype}, got {data!r}")
+            return data, ok
+        return self._guard(tier, "read", lambda: tier.read(slots), check, (None, np.zeros(n, dtype=bool)))
+
+    def _lost(self, tier: Tier, slots: np.ndarray) -> np.ndarray:
+        n = len(slots)
+        return self._guard(tier, "lost_slots", lambda: tier.lost_slots(slots),
+                           lambda lost: self._mask(lost, n, "lost_slots"), np.zeros(n, dtype=bool))
+
+    # ------------------------------------------------------------------ journal
+    def _note(self, kind: str, node: Node, tier: Tier, source: str = HBM) -> None:
+        """Journal a residency change of every page of ``node`` (no-op unless recording). O(depth)."""
+        if self.journal is not None:
+            root, data = path_data(node, self.tree.page_bytes)
+            self.journal.append((kind, root.namespace, data, node.start, tier.name, source))
 
     # ------------------------------------------------------------------ tree surgery
     def _rank(self, node: Node) -> None:
@@ -115,7 +223,9 @@ class TierStack:
             up.blockers += 1 if now else -1
             self._rank(parent)
 
-    def _assign(self, node: Node, tier: Tier, slots: np.ndarray, sums: Optional[np.ndarray], stamp: int) -> None:
+    def _assign(self, node: Node, tier: Tier, slots: np.ndarray, sums: Optional[np.ndarray], stamp: int,
+                src: str) -> None:
+        """Make ``node`` a copy in ``tier`` at ``slots``, its pages copied from tier ``src``."""
         copy = Copy(tier, slots, sums, stamp)
         if node.children:
             level = self._index[id(tier)]
@@ -124,11 +234,16 @@ class TierStack:
         tier.policy.on_insert(node, stamp)
         self._rank(node)
         tier.on_assign(node)
+        self._note("stored", node, tier, src)
 
-    def _release(self, node: Node) -> Copy:
-        """Take ``node``'s copy away (slots still held by the caller); node becomes in flight."""
+    def _release(self, node: Node, kind: str = "removed") -> Copy:
+        """Take ``node``'s copy away (slots still held by the caller); node becomes in flight.
+
+        ``kind`` is journaled: ``"removed"``, or ``"promoted"`` when the pages move up to HBM.
+        """
         copy = node.ext
         tier = copy.tier
+        self._note(kind, node, tier)
         tier.on_release(node)
         tier.victims.discard(node)
         tier.policy.on_remove(node)
@@ -246,16 +361,16 @@ class TierStack:
             use = self._split(node, want) if want < node.num_pages else node
             copy: Copy = use.ext
             tier = copy.tier
-            data, ok = tier.read(copy.slots)
+            data, ok = self._read(tier, copy.slots)
             if data is not None and copy.sums is not None and ok.any():
                 ok &= checksums(data) == copy.sums
             good = len(ok) if ok.all() else int(np.argmin(ok))
             if good < len(ok):
-                gone = tier.lost_slots(copy.slots)
+                gone = self._lost(tier, copy.slots)
                 self.lost_pages += int(np.count_nonzero(~ok & gone))
                 self.integrity_misses += int(np.count_nonzero(~ok & ~gone))
                 upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
-                tier.give(self._release(use).slots)
+                self._give(tier, self._release(use).slots)
                 self._set_ext(use, None)
                 released.append(use)
                 if upper is None:
@@ -268,7 +383,7 @@ class TierStack:
             self.ledger.record(tier.name, HBM, good * self.page_bytes)
             got += good
             if exclusive:
-                tier.give(self._release(use).slots)
+                self._give(tier, self._release(use, "promoted").slots)
                 self._set_ext(use, None)
                 released.append(use)
             if good < want:
@@ -368,20 +483,20 @@ class TierStack:
             s = slots[off: off + k]
             off += k
             rows = slice(n.start - start, n.end - start)
-            ok = tier.write(s, None if pages is None else pages[rows])
+            ok = self._write(tier, s, None if pages is None else pages[rows])
             good = k if ok.all() else int(np.argmin(ok))
             if good < k:  # the tier refused a write: keep the pages before it, drop the rest
-                tier.give(s[good:])
+                self._give(tier, s[good:])
                 failed.append(n)
                 if not good:
                     continue
                 n = self._split(n, good)  # the upper part, stored; ``n`` above keeps the tail
                 s = s[:good]
                 rows = slice(rows.start, rows.start + good)
-            self._assign(n, tier, s, None if sums is None else sums[rows], stamp)
+            self._assign(n, tier, s, None if sums is None else sums[rows], stamp, src)
             stored += good
         if off < len(slots):
-            tier.give(slots[off:])
+            self._give(tier, slots[off:])
         self.ledger.record(src, tier.name, stored * self.page_bytes)
         if leftover and i + 1 < len(self.tiers):
             self._place(i + 1, leftover, pages, sums, start, stamp, src)
@@ -397,14 +512,14 @@ class TierStack:
         parts = []
         have = 0
         while have < n:
-            more = tier.take(n - have)
+            more = self._take(tier, n - have)
             if len(more):
                 parts.append(more)
                 have += len(more)
             if have >= n or self.evict(i, n - have) == 0:
                 break
         if not parts:
-            return np.empty(0, dtype=np.int64)
+            return NO_SLOTS
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def evict(self, i: int, n: int) -> int:
@@ -451,12 +566,12 @@ class TierStack:
         tier = self.tiers[i]
         copy = self._release(node)
         if i + 1 >= len(self.tiers):
-            tier.give(copy.slots)
+            self._give(tier, copy.slots)
             self.dropped_pages += node.num_pages
             self._drop(node)
             return
-        data, ok = tier.read(copy.slots) if self.has_payload else (None, ~tier.lost_slots(copy.slots))
-        tier.give(copy.slots)
+        data, ok = self._read(tier, copy.slots) if self.has_payload else (None, ~self._lost(tier, copy.slots))
+        self._give(tier, copy.slots)
         if data is not None and copy.sums is not None:
             ok &= checksums(data) == copy.sums
         good = len(ok) if ok.all() else int(np.argmin(ok))
@@ -496,14 +611,15 @@ class TierStack:
         for n in reversed(nodes):  # deepest first: a placeholder goes with its last copy below
             if n.gen >= 0 and isinstance(n.ext, Copy):
                 forgotten += n.num_pages
-                n.ext.tier.give(self._release(n).slots)
+                tier = n.ext.tier
+                self._give(tier, self._release(n).slots)
                 self._drop(n)
         return forgotten
 
     # ------------------------------------------------------------------ faults
     def _sweep_lost(self) -> None:
         for tier in self.tiers:
-            if tier.take_lost():
+            if self._guard(tier, "take_lost", tier.take_lost, bool, False):
                 self.forget_lost(tier)
 
     def forget_lost(self, tier: Tier) -> int:
@@ -512,14 +628,14 @@ class TierStack:
         for node in list(self.tree.nodes()):
             if node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier is not tier:
                 continue
-            lost = tier.lost_slots(node.ext.slots)
+            lost = self._lost(tier, node.ext.slots)
             if not lost.any():
                 continue
             first = int(np.argmax(lost))
             if first:
                 self._split(node, first)
             forgotten += node.num_pages
-            tier.give(self._release(node).slots)
+            self._give(tier, self._release(node).slots)
             self._drop(node)
         self.lost_pages += forgotten
         return forgotten
@@ -559,8 +675,11 @@ class TierStack:
 
     def reset(self) -> None:
         """Forget every lower copy (slots back to their tiers)."""
+        journal, self.journal = self.journal, None  # the cache reports the reset as a whole
         for node in list(self.tree.nodes()):
             if isinstance(node.ext, Copy):
-                node.ext.tier.give(self._release(node).slots)
+                tier = node.ext.tier
+                self._give(tier, self._release(node).slots)
             node.ext = None
         self.tree = RadixTree(self.tree.page_size)
+        self.journal = None if journal is None else []
