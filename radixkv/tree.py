@@ -9,7 +9,7 @@ ownership live in the engine (:mod:`radixkv.cache`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -75,6 +75,20 @@ class Node:
         return f"Node(pages {self.start}..{self.end}, lock_ref={self.lock_ref}, gen={self.gen})"
 
 
+class Root(Node):
+    """The root of one namespace's subtree: no page, and the ``namespace`` key it was created for.
+
+    Whoever holds a node finds its namespace by walking up to here, in
+    O(nodes above it), also after the node left the tree (it keeps its parent).
+    """
+
+    __slots__ = ("namespace",)
+
+    def __init__(self, namespace: Hashable) -> None:
+        super().__init__(None, b"", b"", _EMPTY_BLOCKS, 0)
+        self.namespace = namespace
+
+
 class RadixTree:
     """Compressed trie of pages; one root per namespace so namespaces never share a page."""
 
@@ -85,11 +99,11 @@ class RadixTree:
         self.page_bytes = page_size * TOKEN_BYTES
         self._roots: Dict[Optional[str], Node] = {}
 
-    def root(self, namespace: Optional[str] = None) -> Node:
+    def root(self, namespace: Optional[str] = None) -> Root:
         """The root of ``namespace``'s subtree, created on first use."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(None, b"", b"", _EMPTY_BLOCKS, 0)
+            root = self._roots[namespace] = Root(namespace)
         return root
 
     def roots(self) -> Iterator[Tuple[Optional[str], Node]]:
