@@ -12,21 +12,56 @@ alike: prefixes of each other, JSON and tuple encodings of each other,
 
 from __future__ import annotations
 
+import json
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radixkv import PrefixCache
+from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockRemoved, BlockStored
-from radixkv.hashing import external_block_hashes, namespace_extra_keys
-from radixkv.policies import AdaptiveRetention, S3FIFO, TwoQ
+from radixkv.hashing import BlockHasher, external_block_hashes, namespace_extra_keys
+from radixkv.policies import AdaptiveRetention, S3FIFO, TwoQ, available, create
+from radixkv.tiers import HostTier, RemoteTier, TieredCache
 from radixkv.traces import Request
 
 from .strategies import cached_pages
+from .test_namespaces import _run_tiered
 
 PAGE_SIZE = 1
 SPREAD = 1000  # namespace i's tokens move to [i * SPREAD, (i + 1) * SPREAD) in the apart run
+
+namespace_texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6)
+
+
+@st.composite
+def lookalike_namespaces(draw) -> List[Optional[str]]:
+    """2 to 4 distinct namespaces, most of them derived from one base string to look alike."""
+    base = draw(namespace_texts)
+    other = draw(namespace_texts)
+    derived = [
+        None, "", base, base + other, other + base, base + "\x00", json.dumps(base), json.dumps([base]),
+        json.dumps([base, None]), json.dumps([None, base]), json.dumps([base, other]), repr((base,)),
+        repr((base, other)), str(None), "null",
+    ]
+    pick = st.sampled_from(derived) | namespace_texts | st.none()
+    return draw(st.lists(pick, min_size=2, max_size=4, unique=True))
+
+
+# A small token pool with shared prefixes; a schedule step is (namespace index, tokens).
+prompts = st.lists(st.integers(0, 3), min_size=1, max_size=6)
+schedules = st.lists(st.tuples(st.integers(0, 3), prompts), min_size=1, max_size=16)
+short_schedules = st.lists(st.tuples(st.integers(0, 3), prompts), min_size=1, max_size=12)
+
+
+def _policy(name: str):
+    """Policy ``name``, set to learn within a short schedule (2Q and adaptive solve every tick)."""
+    if name in ("2q", "adaptive"):
+        return create(name, solve_every=1)
+    return create(name)
 
 
 class _Observer:
@@ -149,3 +184,53 @@ def test_one_namespaces_evictions_do_not_rank_anothers_identical_pages(name):
         return PrefixCache(num_blocks=8, page_size=PAGE_SIZE, policy=_ghost_policies()[name])
 
     assert_partition(make, ["tenant-a", "tenant-b"], schedule)
+
+
+# ---------------------------------------------------------------------------- the class
+@given(namespaces=lookalike_namespaces(), schedule=schedules, capacity=st.integers(2, 6))
+@pytest.mark.parametrize("policy", available())
+def test_namespaces_are_a_partition_for_every_policy(policy, namespaces, schedule, capacity):
+    assert_partition(
+        lambda: PrefixCache(num_blocks=capacity, page_size=PAGE_SIZE, policy=_policy(policy), enable_events=True),
+        namespaces, schedule)
+
+
+@given(namespaces=lookalike_namespaces(), schedule=short_schedules, capacity=st.integers(2, 4),
+       write_policy=st.sampled_from(["write_back", "write_through"]))
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "2q", "adaptive"])
+def test_namespaces_are_a_partition_through_the_tiers(policy, namespaces, schedule, capacity, write_policy):
+    def make():
+        return TieredCache(capacity, PAGE_SIZE, policy=_policy(policy), write_policy=write_policy,
+                           tiers=[HostTier(3, policy=_policy(policy)),
+                                  RemoteTier(blocks_per_host=2, num_hosts=2, policy=_policy(policy))],
+                           load_back="always", enable_events=True)
+
+    assert_partition(make, namespaces, schedule)
+
+
+@given(namespaces=lookalike_namespaces(), ops=st.lists(
+    st.tuples(st.sampled_from(["admit", "admit", "evict"]), prompts, st.integers(0, 3), st.integers(0, 3)),
+    min_size=1, max_size=20))
+def test_lookalike_namespaces_never_read_each_others_kv(namespaces, ops):
+    _run_tiered([(op, tokens, namespaces[i % len(namespaces)], n) for op, tokens, i, n in ops])
+
+
+@given(namespaces=lookalike_namespaces(), tokens=st.lists(st.integers(0, 3), min_size=1, max_size=8),
+       page_size=st.sampled_from([1, 2]))
+def test_lookalike_namespaces_never_share_a_hash(namespaces, tokens, page_size):
+    hasher = BlockHasher()
+    owner: Dict[bytes, Optional[str]] = {}
+    for ns in namespaces:
+        for h in hasher.hash_pages(tokens, page_size, namespace=ns):
+            assert owner.setdefault(h, ns) == ns, f"{ns!r} and {owner[h]!r} share a page hash"
+    external = [set(external_block_hashes(hasher.hash_pages(tokens, page_size, namespace=ns))) for ns in namespaces]
+    assert sum(map(len, external)) == len(set().union(*external))
+    # A vLLM router asking with one cache_salt finds that namespace's blocks and no other's.
+    cache = PrefixCache(num_blocks=len(namespaces) * len(tokens), page_size=page_size, enable_events=True)
+    blocks = {}
+    for ns in namespaces:
+        with cache.admit(tokens, namespace=ns) as admission:
+            blocks[ns] = admission.blocks.tolist()
+    view = VLLMBlockView(cache)
+    for ns in namespaces:
+        assert view.find_longest_cache_hit(view.block_hashes(tokens, cache_salt=ns)) == blocks[ns]
