@@ -11,13 +11,15 @@ pages, how many uses happen (``N_c``) and after what gap each page is used
 again (a histogram ``H_c`` in half-power-of-two bins of clock ticks), both
 decayed with a half-life. Reuses of cached pages are seen on access; reuses
 of pages no longer cached through a bounded history of evicted runs, keyed
-by the depth and bytes of a run's first page (an approximate page
-identity). Every ``solve_every`` ticks it picks the windows that maximize
-expected hits within the cache's capacity: keeping a class-``c`` use for
-``T`` costs ``min(gap, T)`` page-ticks, the capacity is ``num_blocks``
-pages over the same decayed span, and one Lagrange multiplier, found by
-bisection, equalizes hits per page-tick across classes. Cost: O(1) per
-hook, O(classes x bins x 50) numpy work per solve.
+by the namespace, depth and bytes of a run's first page (an approximate
+page identity, never shared between namespaces). Every ``solve_every``
+ticks it picks the windows that maximize expected hits within the cache's
+capacity: keeping a class-``c`` use for ``T`` costs ``min(gap, T)``
+page-ticks, the capacity is ``num_blocks`` pages over the same decayed
+span, and one Lagrange multiplier, found by bisection, equalizes hits per
+page-tick across classes. Cost: O(1) per hook (plus a walk to the root at
+admission and eviction, for the namespace), O(classes x bins x 50) numpy
+work per solve.
 
 **Why.** On prefix-cache traces most new pages are never used again and
 reuse gaps are long and broad, so LRU keeps every page for the same, too
@@ -41,7 +43,7 @@ Johnson & Shasha 1994; S3-FIFO, SOSP'23).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Hashable, Sequence, Tuple
 
 import numpy as np
 
@@ -49,7 +51,7 @@ from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
-from .base import EvictionPolicy, tail_past
+from .base import EvictionPolicy, history_key, namespace_of, tail_past
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -127,7 +129,7 @@ class AdaptiveRetention(EvictionPolicy):
         self._new_gaps = [[0.0] * _BINS for _ in range(classes)]
         self._span = 0.0  # decayed ticks observed
         self._solved_at = 0
-        self._history: Dict[int, Tuple[int, int, int, int]] = {}  # key -> (class, last use, pages, run end)
+        self._history: Dict[Hashable, Tuple[int, int, int, int]] = {}  # key -> (class, last use, pages, run end)
         self._page_size = 1
         self._page_bytes = TOKEN_BYTES
         self._capacity = 1
@@ -168,16 +170,14 @@ class AdaptiveRetention(EvictionPolicy):
         self._solved_at = now
         self.windows = solve_windows(self._uses, self._gaps, self._capacity * self._span)
 
-    def _key(self, depth: int, page: bytes) -> int:
-        return hash((depth, bytes(page)))
-
     # ------------------------------------------------------------ hooks
     def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
         self._tick(now)
         start = node_parent.end
         end = start + num_pages
         fresh = self._size_class(end)  # level 0: first use
-        seen = self._history.pop(self._key(start, pages[: self._page_bytes]), None)
+        key = history_key(namespace_of(node_parent), start, bytes(pages[: self._page_bytes]))
+        seen = self._history.pop(key, None)
         if seen is None:
             self._pending = (fresh, fresh, start)
             self._new_uses[fresh] += num_pages
@@ -224,7 +224,7 @@ class AdaptiveRetention(EvictionPolicy):
         last, head, fresh, boundary, run_end, _, _ = node.policy_state
         cls, extent = (fresh, run_end) if depth >= boundary else (head, boundary)
         history = self._history
-        history[self._key(depth, node.page(depth - node.start))] = (
+        history[history_key(namespace_of(node), depth, node.page(depth - node.start))] = (
             cls, last, self._evicting_end - depth, extent)
         if len(history) > self.history_size:
             del history[next(iter(history))]

@@ -29,13 +29,19 @@ Policies that do not override it (``on_victim is None``) pay nothing and
 lose whole leaf tails at once. Victim selection stays O(log n) amortized: a
 spare is one heap push, and each spare must be paid for by an earlier access
 (a policy must return ``>= 1`` after finitely many spares of the same leaf).
+
+**Histories are per namespace.** A policy that remembers pages after they
+leave the tree (a ghost) keys them with :func:`history_key`, which includes
+the namespace (:func:`namespace_of`): otherwise one tenant's evictions would
+decide how another tenant's identical page is ranked, and the rank (seen as
+hit or miss timing) would tell that tenant what the other one cached.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Optional
 
-from radixkv.tree import Node
+from radixkv.tree import Node, Root
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -104,3 +110,29 @@ def tail_past(node: Node, boundary: int) -> int:
     classes of pages: the deeper class goes first, at its own rank.
     """
     return node.end - boundary if node.start < boundary < node.end else node.num_pages
+
+
+def namespace_of(node: Node) -> Hashable:
+    """The namespace of the tree ``node`` is in (the key of its root). O(nodes above it).
+
+    Valid for a node that left the tree too: a removed node keeps its parent.
+    A lower tier's tree is keyed by the engine's namespace roots; its pages
+    get the namespace of that root, so a tier's history survives the root
+    being dropped and created again.
+    """
+    while node.parent is not None:
+        node = node.parent
+    namespace = node.namespace
+    return namespace.namespace if isinstance(namespace, Root) else namespace
+
+
+def history_key(namespace: Hashable, depth: int, page: bytes) -> Hashable:
+    """The key under which a policy remembers page ``depth`` (token bytes ``page``) of a chain in ``namespace``.
+
+    The depth and page are hashed (a history is approximate: a collision
+    confuses two pages of one namespace); the namespace stays outside the
+    hash, so the keys of two namespaces are never equal. The default
+    namespace's key is the bare hash (no tuple per entry). O(page bytes).
+    """
+    key = hash((depth, page))
+    return key if namespace is None else (namespace, key)

@@ -17,19 +17,19 @@ timeline ``V`` (pages inserted so far): a node queued in S is due at
 due leaf, so new pages still face a short probation and reused ones a long
 stay, and S's share of the cache floats with the promotion rate instead of
 being held at 10%. Promotions and reinsertions are second chances through
-the engine's ``on_victim`` hook. The ghost holds (depth, page) hashes of the
-first page of each run evicted from S, at most ``main`` of them.
+the engine's ``on_victim`` hook. The ghost holds (namespace, depth, page)
+keys of the first page of each run evicted from S, at most ``main`` of them:
+a namespace's pages enter M only on its own evictions.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Dict, Hashable
 
 from radixkv.errors import ArgumentValueError
-from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, history_key, namespace_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -55,17 +55,15 @@ class S3FIFO(EvictionPolicy):
         self.small_fraction = small_fraction
         self.move_threshold = move_threshold
         self._small = self._main = 1
-        self._page_bytes = TOKEN_BYTES
         self._time = 0  # V: pages inserted so far
-        self._ghost: Dict[int, None] = {}  # page keys, oldest first (an ordered set)
+        self._ghost: Dict[Hashable, None] = {}  # history keys, oldest first (an ordered set)
 
     def attach(self, cache: "PrefixCache") -> None:
         self._small = max(1, int(cache.num_blocks * self.small_fraction))
         self._main = max(1, cache.num_blocks - self._small)
-        self._page_bytes = cache.page_size * TOKEN_BYTES
 
-    def _page_key(self, node: Node, depth: int) -> int:
-        return hash((depth, node.page(depth - node.start)))
+    def _page_key(self, node: Node, depth: int) -> Hashable:
+        return history_key(namespace_of(node), depth, node.page(depth - node.start))
 
     def on_insert(self, node: Node, now: int) -> None:
         key = self._page_key(node, node.start)

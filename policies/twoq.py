@@ -9,9 +9,10 @@ page). So first uses go before any protected page used within the last
 **Ghost.** Most reuse gaps on prefix-cache traces are longer than the time
 an LRU cache keeps a page, so a page's second use usually comes after it
 was evicted. The policy remembers the last ``history_size`` evicted runs,
-keyed by the depth and tokens of each run's first page (an eviction cuts a
-chain at exactly that page, and a later request that shares the chain
-misses exactly there). New pages that the ghost recognizes (the evicted
+keyed by the namespace, depth and tokens of each run's first page (an
+eviction cuts a chain at exactly that page, and a later request that shares
+the chain misses exactly there; another namespace's identical chain is
+another chain). New pages that the ghost recognizes (the evicted
 run, and the runs evicted before it from deeper in the same chain) enter
 protected; the pages past them are first uses and stay probationary, so a
 leaf can hold both: it is ranked by its tail's segment, and ``on_victim``
@@ -34,9 +35,10 @@ keep what came back, long enough to cover nearly all of its reuse gaps
 (the default ``quantile`` 0.99; at 0.9 the window falls short of the
 synthetic trace's long gaps and its hit rate at 3M tokens drops 2 points).
 
-Cost: O(1) per hook (one dict lookup at admission), O(bins) every
-``solve_every`` ticks; the ghost is an ``OrderedDict`` of at most
-``history_size`` entries.
+Cost: O(1) per hook (one dict lookup at admission) plus a walk to the root
+at admission and eviction (for the namespace; two nodes on average on the
+Mooncake conversation trace), O(bins) every ``solve_every`` ticks; the
+ghost is an ``OrderedDict`` of at most ``history_size`` entries.
 
 Source: Johnson & Shasha, "2Q: A low overhead high performance buffer
 management replacement algorithm" (VLDB'94): probationary A1in, ghost
@@ -48,13 +50,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Hashable, List, Optional, Tuple
 
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node
 
-from .base import EvictionPolicy, tail_past
+from .base import EvictionPolicy, history_key, namespace_of, tail_past
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -95,7 +97,7 @@ class TwoQ(EvictionPolicy):
         """``W``: ticks a protected page outranks a probationary one used at the same time."""
         self._gaps: List[float] = [0.0] * _BINS  # page-weighted protected reuse gaps
         self._solved_at = 0
-        self._ghost: "OrderedDict[Tuple[int, bytes], Tuple[int, int, int]]" = OrderedDict()
+        self._ghost: "OrderedDict[Hashable, Tuple[int, int, int]]" = OrderedDict()
         self._page_bytes = TOKEN_BYTES
         self._pending: Tuple[Optional[Node], int, int] = (None, 0, -1)  # (parent, boundary, now) from admit
         self._evicting_end = 0
@@ -126,9 +128,10 @@ class TwoQ(EvictionPolicy):
         self._tick(now)
         start = end = node_parent.end
         ghost, width = self._ghost, self._page_bytes
+        namespace = namespace_of(node_parent)
         while end < start + num_pages:  # follow the chain through runs evicted one after another
             offset = (end - start) * width
-            seen = ghost.pop((end, bytes(pages[offset : offset + width])), None)
+            seen = ghost.pop(history_key(namespace, end, bytes(pages[offset : offset + width])), None)
             if seen is None:
                 break
             was, last, run_pages = seen
@@ -171,7 +174,8 @@ class TwoQ(EvictionPolicy):
         _, _, boundary, head, tail, last = node.policy_state
         ghost = self._ghost
         segment = tail if depth >= boundary else head
-        ghost[(depth, node.page(depth - node.start))] = (segment, last, max(1, self._evicting_end - depth))
+        key = history_key(namespace_of(node), depth, node.page(depth - node.start))
+        ghost[key] = (segment, last, max(1, self._evicting_end - depth))
         if len(ghost) > self.history_size:
             ghost.popitem(last=False)
 

@@ -79,7 +79,8 @@ class Root(Node):
     """The root of one namespace's subtree: no pages, and it knows its ``namespace``.
 
     Only roots carry the namespace (one slot more than a :class:`Node`), so a
-    page's namespace is found by walking up to its root.
+    page's namespace is found by walking up to its root, in O(nodes above it),
+    also after the node left the tree (it keeps its parent).
     """
 
     __slots__ = ("namespace",)

@@ -14,6 +14,7 @@ from radixkv.cli import main
 from radixkv.costs import CostModel, get_hardware, get_model
 from radixkv.policies import available, create
 from radixkv.policies.adaptive import AdaptiveRetention, solve_windows
+from radixkv.policies.base import history_key
 from radixkv.policies.belady import NEVER, Belady, next_uses
 from radixkv.policies.gdsf import GDSF
 from radixkv.policies.twoq import TwoQ
@@ -141,8 +142,10 @@ def test_2q_uses_an_admission_check_only_for_that_admissions_pages():
     policy.window = 100
     cache.admit([1, 2]).release()
     leaf = cache.match([1, 2]).node._node
-    policy._ghost[(0, np.array([1], dtype=np.uint32).tobytes())] = (1, 0, 2)  # a protected run came back
+    key = history_key(None, 0, np.array([1], dtype=np.uint32).tobytes())
+    policy._ghost[key] = (1, 0, 2)  # a protected run came back
     policy.admit(leaf.parent, 2, 5, memoryview(np.array([1, 2], dtype=np.uint32).tobytes()))
+    assert key not in policy._ghost  # the admission recognized the run
     # that admission cached nothing (no room); a later insert under the same parent (a tier
     # load-back) must not inherit its ghost boundary: probationary, deadline = its last use
     policy.on_insert(leaf, 6)
