@@ -108,7 +108,12 @@ def _from_ndarray(arr: np.ndarray, name: str, error: type, bound: int) -> np.nda
         raise error(f"{name} must be 1-D, got an array of shape {arr.shape}")
     kind = arr.dtype.kind
     if kind == "u" or kind == "i":
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound):
+        if kind == "i" and 2 ** (8 * arr.dtype.itemsize - 1) >= bound:
+            # Seen as unsigned, a negative is >= 2**(bits-1) >= bound: one pass checks both ends.
+            bad = arr.size and int(arr.view(arr.dtype.str.replace("i", "u")).max()) >= bound
+        else:
+            bad = arr.size and (int(arr.min()) < 0 or int(arr.max()) >= bound)
+        if bad:
             _raise_out_of_range(arr, name, error, bound)
         return np.ascontiguousarray(arr, dtype=TOKEN_DTYPE)
     if arr.size == 0:

@@ -152,6 +152,8 @@ def forms(items):
             if all(info.min <= v <= info.max for v in values):
                 out.append((f"ndarray {np.dtype(dtype)}", np.array(values, dtype=dtype)))
                 out.append((f"strided ndarray {np.dtype(dtype)}", np.repeat(np.array(values, dtype=dtype), 2)[::2]))
+                swapped = np.dtype(dtype).newbyteorder()
+                out.append((f"ndarray {swapped.str}", np.array(values, dtype=swapped)))
         for code in INT_TYPECODES:
             try:
                 out.append((f"array('{code}')", array(code, values)))
