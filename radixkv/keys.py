@@ -113,7 +113,10 @@ def _from_ndarray(arr: np.ndarray, name: str, error: type, bound: int) -> np.nda
         raise error(f"{name} must be 1-D, got an array of shape {arr.shape}")
     kind = arr.dtype.kind
     if kind == "u" or kind == "i":
-        if kind == "i" and 2 ** (8 * arr.dtype.itemsize - 1) >= bound:
+        bits = 8 * arr.dtype.itemsize
+        if kind == "u" and 2**bits <= bound:  # uint8/16/32 tokens: in range by their dtype
+            bad = False
+        elif kind == "i" and 2 ** (bits - 1) >= bound:
             # Seen as unsigned, a negative is >= 2**(bits-1) >= bound: one pass checks both ends.
             bad = arr.size and int(arr.view(arr.dtype.str.replace("i", "u")).max()) >= bound
         else:
@@ -200,10 +203,11 @@ def as_tokens(tokens: TokensLike, name: str = "tokens") -> np.ndarray:
     :class:`~radixkv.errors.InvalidTokensError` (an
     :class:`~radixkv.errors.ArgumentValueError`) for a wrong shape or a value
     outside ``[0, 2**32)``, naming the first bad element and its position (the
-    rule is :func:`uint32_array`'s). Cost: O(len(tokens)) at C speed; a
-    contiguous ``uint32`` array is returned as it is, an ``array('I')`` or
-    ``array('q')`` without a Python-level pass, a list of 13.7k ints in about
-    a fifth of the time ``numpy.asarray`` takes.
+    rule is :func:`uint32_array`'s). Cost: O(1) for a contiguous ``uint32``
+    array or a :class:`~radixkv.token_buffer.TokenBuffer` (returned as they
+    are), O(len(tokens)) at C speed for other integer arrays and
+    ``array.array``, and for a list about what ``sum(list)`` costs (CPython
+    unboxes every int; a fifth of what ``numpy.asarray`` took).
     """
     if tokens.__class__ is np.ndarray and tokens.dtype == TOKEN_DTYPE and tokens.ndim == 1:
         return np.ascontiguousarray(tokens)
