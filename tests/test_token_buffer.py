@@ -67,6 +67,11 @@ def test_truncate_and_bad_arguments():
     assert as_tokens(buf).tolist() == [0, 1, 2, 3]
 
 
+def test_taken_without_a_copy():
+    buf = TokenBuffer(range(1000))
+    assert np.shares_memory(as_tokens(buf), buf.tokens())
+
+
 def test_views_are_read_only():
     view = TokenBuffer([1, 2]).tokens()
     with pytest.raises(ValueError):
