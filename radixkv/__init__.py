@@ -18,11 +18,12 @@ from .errors import (
     TraceFormatError,
     UnknownPolicyError,
 )
+from .token_buffer import TokenBuffer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Admission", "MatchResult", "NodeHandle", "PrefixCache",
+    "Admission", "MatchResult", "NodeHandle", "PrefixCache", "TokenBuffer",
     "RadixKVError", "ArgumentTypeError", "ArgumentValueError", "InvalidBlocksError",
     "InvalidTokensError", "LockError", "StaleHandleError", "TraceFormatError", "UnknownPolicyError",
 ]

@@ -23,11 +23,11 @@ class ArgumentValueError(RadixKVError, ValueError):
     """An argument has the right type but a wrong value: a negative priority, a zero page size."""
 
 
-class InvalidTokensError(RadixKVError, ValueError):
+class InvalidTokensError(ArgumentValueError):
     """A token sequence is not a 1-D run of non-negative integers in range."""
 
 
-class InvalidBlocksError(RadixKVError, ValueError):
+class InvalidBlocksError(ArgumentValueError):
     """Block ids are out of range, duplicated, or not owned by the caller."""
 
 

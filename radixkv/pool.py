@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .errors import InvalidBlocksError
-from .keys import int_array
+from .keys import uint32_array
 
 FREE, HELD, CACHED = 0, 1, 2
 STATE_NAMES = {FREE: "free", HELD: "held", CACHED: "cached"}
@@ -91,20 +91,12 @@ class BlockPool:
         """Return ``blocks`` as a 1-D int32 array of in-range, distinct ids, or raise.
 
         :class:`TypeError` when ``blocks`` is not a sequence or integer array
-        (``None``, a scalar, ``str``, ``dict``, ``set``) or holds non-integers;
-        :class:`~radixkv.errors.InvalidBlocksError` for a wrong shape, an id out
-        of range or a duplicate. O(len(blocks) log len(blocks)).
+        (``None``, a scalar, ``str``, ``dict``, ``set``) or holds non-integers
+        (``bool``, ``float``); :class:`~radixkv.errors.InvalidBlocksError` for a
+        wrong shape, an id out of range or a duplicate. Tokens follow the same
+        rule (:func:`~radixkv.keys.uint32_array`). O(len(blocks) log len(blocks)).
         """
-        arr = int_array(blocks, name, InvalidBlocksError)
-        if arr.ndim != 1:
-            raise InvalidBlocksError(f"{name} must be 1-D, got shape {arr.shape}")
-        if arr.size == 0:
-            return np.empty(0, dtype=BLOCK_DTYPE)
-        lo, hi = int(arr.min()), int(arr.max())
-        if lo < 0 or hi >= self.num_blocks:
-            bad = lo if lo < 0 else hi
-            raise InvalidBlocksError(f"{name} must be in [0, {self.num_blocks}), got {bad!r}")
-        arr = arr.astype(BLOCK_DTYPE, copy=False)
+        arr = uint32_array(blocks, name, InvalidBlocksError, self.num_blocks).astype(BLOCK_DTYPE)
         if len(np.unique(arr)) != len(arr):
             raise InvalidBlocksError(f"{name} has duplicate block ids: {_duplicates(arr)!r}")
         return arr

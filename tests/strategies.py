@@ -81,7 +81,8 @@ not_a_sequence = st.sampled_from([None, 12, 2.5, "abc", b"ab", {1: 2}, {1, 2}, f
 bad_tokens_typed = st.one_of(
     not_a_sequence.map(lambda v: (v, TypeError)),
     st.lists(st.floats(allow_nan=False), min_size=1, max_size=3).map(lambda v: (v, TypeError)),
-    _typed([[1, "2"], [True, False], [1, None], np.array([1.0, 2.0]), np.array([True])], TypeError),
+    _typed([[1, "2"], [True, False], [1, None], np.array([1.0, 2.0]), np.array([True]),
+            [True, 1], [1, np.True_], np.array([1, True], dtype=object)], TypeError),
     st.lists(st.integers(max_value=-1), min_size=1, max_size=3).map(lambda xs: ([0, 1] + xs, InvalidTokensError)),
     st.lists(st.integers(min_value=2**32, max_value=2**70), min_size=1, max_size=3).map(
         lambda v: (v, InvalidTokensError)),
@@ -90,7 +91,7 @@ bad_tokens_typed = st.one_of(
 
 bad_blocks_typed = st.one_of(
     not_a_sequence.map(lambda v: (v, TypeError)),
-    _typed([[0.0], [True], ["1"], np.array([1.5])], TypeError),
+    _typed([[0.0], [True], ["1"], np.array([1.5]), [True, 0], [0, np.False_]], TypeError),
     st.integers(max_value=-1).map(lambda b: ([b], InvalidBlocksError)),
     st.integers(min_value=10**4, max_value=2**70).map(lambda b: ([b], InvalidBlocksError)),
     _typed([[[0]], np.zeros((1, 1), dtype=np.int32)], InvalidBlocksError),

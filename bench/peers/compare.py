@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -26,28 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import _common  # noqa: E402
+from drive_radixkv import replay_radixkv  # noqa: E402
 from drive_sglang import replay_sglang  # noqa: E402
 from drive_vllm import replay_vllm  # noqa: E402
-
-from radixkv import PrefixCache  # noqa: E402
-
-
-def replay_radixkv(requests, page_size: int = 16, num_blocks: int = 187488) -> dict:
-    """The same loop as the peer drivers: per request admit + release, timed around the cache calls."""
-    cache = PrefixCache(num_blocks=num_blocks, page_size=page_size)
-    tally = _common.Tally()
-    clock = time.perf_counter_ns
-    wall0 = time.perf_counter()
-    for tokens in requests:
-        t0 = clock()
-        adm = cache.admit(tokens)
-        adm.release()
-        tally.ns.append(clock() - t0)
-        tally.requests += 1
-        tally.prompt_tokens += len(tokens)
-        tally.hit_tokens += adm.hit_tokens
-    tally.wall = time.perf_counter() - wall0
-    return tally.summary()
 
 
 PEERS = {"radixkv": replay_radixkv, "sglang": replay_sglang, "vllm": replay_vllm}
