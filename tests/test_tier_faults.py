@@ -166,6 +166,10 @@ def ns_page(namespace, tokens, i: int) -> np.ndarray:
     return (np.arange(PS * KV[0], dtype=np.float32).reshape(PS, *KV) + seed % 9973).astype(np.float16)
 
 
+class ModelError(Exception):
+    """What an engine's model raises mid forward pass (an OOM, a cancelled request)."""
+
+
 tokens_st = st.lists(st.integers(0, 2), min_size=PS, max_size=10)
 fault_st = st.none() | st.sampled_from(("heal",) + HOST_FAULTS + BACKEND_FAULTS)
 namespace_st = st.sampled_from([None, "tenant-b"])
@@ -240,10 +244,30 @@ class TierFaultMachine(RuleBasedStateMachine):
                                                      for j in range(len(a.new_blocks))]))
         a.release()
 
-    # -- model raises between admit and release: Admission.abort() (issue 11.1) uncaches an
-    # admission's new pages when the engine's model raises inside ``with cache.admit(...)``.
-    # A rule belongs here: admit, raise inside the with-block before writing the new pages,
-    # then assert the same invariants (the aborted pages are in no tier and in no event).
+    # -- the model raises between admit and release: ``with cache.admit(...)`` aborts, uncaching
+    # the admission's new pages (and what a batch mate cached below them); the invariants then
+    # hold as after any step: no tier and no event keeps a page whose KV was never written.
+    @rule(seq=sequences, mate=st.none() | sequences, fault=fault_st, scribble=st.booleans())
+    def model_raises(self, seq, mate, fault, scribble):
+        self._fault(fault)
+        tokens, namespace = seq
+        batch_mate = None
+        with pytest.raises(ModelError):
+            with self.cache.admit(tokens, namespace=namespace) as a:
+                hit = a.hit_tokens // PS
+                self._verify(tokens, namespace, a.blocks[:hit])
+                if scribble and len(a.new_blocks):  # a partial forward pass left bytes of no prefix
+                    self.cache.write(a.new_blocks, np.full((len(a.new_blocks), PS, *KV), 7, np.float16))
+                if mate is not None:  # admitted in the same batch: it may continue a's new pages
+                    batch_mate = (mate, self.cache.admit(mate[0], namespace=mate[1]))
+                raise ModelError("the forward pass failed")
+        if batch_mate is not None:  # the batch mate's own forward pass completes after a's abort
+            (m_tokens, m_namespace), b = batch_mate
+            hit = b.hit_tokens // PS
+            if len(b.new_blocks):
+                self.cache.write(b.new_blocks, np.stack([ns_page(m_namespace, m_tokens, hit + j)
+                                                         for j in range(len(b.new_blocks))]))
+            b.release()
 
     @rule(seq=sequences, fault=fault_st)
     def match_and_insert(self, seq, fault):
