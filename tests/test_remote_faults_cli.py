@@ -12,15 +12,7 @@ from radixkv.tiers import remote
 from radixkv.tiers.localredis import LocalRedis
 
 from .test_redis import _require_redis
-
-
-@pytest.fixture
-def cyclic_trace(tmp_path):
-    """Six 8-page prompts visited round robin, 5 times: with 24 HBM blocks the rest comes from below."""
-    path = tmp_path / "cyclic.jsonl"
-    lines = [json.dumps({"tokens": [p * 1000 + i for i in range(16 * 8)]}) for _ in range(5) for p in range(6)]
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
+from .test_tiers_cli import cyclic_trace  # noqa: F401  (fixture: six 8-page prompts, round robin)
 
 
 class FlakyHosts(remote.SimulatedHosts):

@@ -224,6 +224,11 @@ class TierFaultMachine(RuleBasedStateMachine):
         for i in range(len(blocks)):
             assert np.array_equal(got[i], ns_page(namespace, tokens, i)), f"page {i} of {tokens} served wrong bytes"
 
+    def _write(self, tokens, namespace, first: int, blocks) -> None:
+        """The model's forward pass: the KV of pages ``first..`` of ``tokens`` into ``blocks``."""
+        if len(blocks):
+            self.cache.write(blocks, np.stack([ns_page(namespace, tokens, first + j) for j in range(len(blocks))]))
+
     @rule(target=sequences, tokens=tokens_st, namespace=namespace_st)
     def sequence(self, tokens, namespace):
         return tokens, namespace
@@ -239,9 +244,7 @@ class TierFaultMachine(RuleBasedStateMachine):
         a = self.cache.admit(tokens, namespace=namespace)
         hit = a.hit_tokens // PS
         self._verify(tokens, namespace, a.blocks[:hit])
-        if len(a.new_blocks):
-            self.cache.write(a.new_blocks, np.stack([ns_page(namespace, tokens, hit + j)
-                                                     for j in range(len(a.new_blocks))]))
+        self._write(tokens, namespace, hit, a.new_blocks)
         a.release()
 
     # -- the model raises between admit and release: ``with cache.admit(...)`` aborts, uncaching
@@ -263,10 +266,7 @@ class TierFaultMachine(RuleBasedStateMachine):
                 raise ModelError("the forward pass failed")
         if batch_mate is not None:  # the batch mate's own forward pass completes after a's abort
             (m_tokens, m_namespace), b = batch_mate
-            hit = b.hit_tokens // PS
-            if len(b.new_blocks):
-                self.cache.write(b.new_blocks, np.stack([ns_page(m_namespace, m_tokens, hit + j)
-                                                         for j in range(len(b.new_blocks))]))
+            self._write(m_tokens, m_namespace, b.hit_tokens // PS, b.new_blocks)
             b.release()
 
     @rule(seq=sequences, fault=fault_st)

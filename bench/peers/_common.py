@@ -229,6 +229,12 @@ def run_cli(peer: str, replay, versions: dict, description: str, argv=None) -> d
         for k in ("heap_bytes", "heap_bytes_per_cached_page", "tensor_bytes_per_cached_page"):
             if k in heap[0]:
                 row[k] = heap[0][k]
+    emit_row(row, args)
+    return row
+
+
+def emit_row(row: dict, args) -> None:
+    """Tag ``row`` with ``args.tag``, print it as one JSON line and append it to ``args.out`` if given."""
     if args.tag:
         row["tag"] = args.tag
     line = json.dumps(row)
@@ -236,5 +242,4 @@ def run_cli(peer: str, replay, versions: dict, description: str, argv=None) -> d
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(line + "\n")
-    return row
 

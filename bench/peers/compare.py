@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 
@@ -42,6 +41,7 @@ def main() -> None:
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--peers", nargs="+", default=list(PEERS))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--tag", default=None, help="free-form label stored in the JSON line")
     args = parser.parse_args()
     for trace_name in args.traces:
         trace = _common.MooncakeTrace(os.path.join(_common.TRACES, trace_name + ".jsonl"), args.limit)
@@ -70,11 +70,7 @@ def main() -> None:
                 base = best["radixkv"]["requests_per_second"]
                 row["speedup"] = {peer: round(base / b["requests_per_second"], 2)
                                   for peer, b in best.items() if peer != "radixkv"}
-            line = json.dumps(row)
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as fh:
-                    fh.write(line + "\n")
+            _common.emit_row(row, args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -90,13 +89,7 @@ def main() -> None:
         "all_seconds": runs, "x_token_buffer": round(best["list"] / best["token_buffer"], 2),
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "machine": _common.machine(),
     }
-    if args.tag:
-        row["tag"] = args.tag
-    line = json.dumps(row)
-    print(line, flush=True)
-    if args.out:
-        with open(args.out, "a") as fh:
-            fh.write(line + "\n")
+    _common.emit_row(row, args)
 
 
 if __name__ == "__main__":

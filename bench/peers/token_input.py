@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import timeit
@@ -103,15 +102,9 @@ def main() -> None:
         "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "machine": _common.machine(),
     }
-    if args.tag:
-        row["tag"] = args.tag
     hits = {b["hit_tokens"] for b in best.values()}
     assert len(hits) == 1, f"forms disagree on hit tokens: {hits}"
-    line = json.dumps(row)
-    print(line, flush=True)
-    if args.out:
-        with open(args.out, "a") as fh:
-            fh.write(line + "\n")
+    _common.emit_row(row, args)
 
 
 if __name__ == "__main__":
