@@ -33,7 +33,7 @@ import numpy as np
 from .cache import Admission
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
-from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
+from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
 from .tiers.cache import TieredCache
 from .tiers.host import HostTier
 from .tree import Node
@@ -94,18 +94,20 @@ class BorrowedTier(Tier):
         """Vacate ``slots`` (held at ``creditor``): move each page to another creditor, else demote it.
 
         Returns ``(pages moved, pages demoted or dropped)``. The new block is
-        reserved before the copy, so a failed move loses nothing.
+        reserved before the copy, so a failed move loses nothing. A page that
+        cannot move is demoted with the rest of its node and every deeper
+        borrowed page below it, deepest first (see :meth:`_demote_suffix`).
         """
         stack = self._owner._stack
         index = stack.tiers.index(self)
         moved = demoted = 0
         for slot in slots:
             node = self.where.get(int(slot))
-            if node is None:
+            if node is None:  # gone with an earlier page's suffix
                 continue
+            i = int(np.flatnonzero(node.ext.slots == slot)[0])
             new = self.manager.borrow(self.debtor, 1, exclude=(creditor,))
             if len(new):
-                i = int(np.flatnonzero(node.ext.slots == slot)[0])
                 if stack.has_payload:
                     self.manager.write(new, self.manager.read(np.array([slot], dtype=SLOT_DTYPE)))
                 node.ext.slots[i] = new[0]
@@ -113,18 +115,68 @@ class BorrowedTier(Tier):
                 self.where[int(new[0])] = node
                 self.manager.repay(self.debtor, np.array([slot], dtype=SLOT_DTYPE))
                 moved += 1
-            else:  # demote this page and the rest of its run (unreachable without it)
-                i = int(np.flatnonzero(node.ext.slots == slot)[0])
+            else:
                 if i:
                     stack._split(node, i)
-                demoted += node.num_pages
-                stack.demote(index, node)
+                demoted += self._demote_suffix(stack, index, node)
         return moved, demoted
+
+    def _demote_suffix(self, stack, index: int, node: Node) -> int:
+        """Demote ``node`` and every borrowed copy below it, deepest first; return the pages.
+
+        A lookup reaches a copy only through the pages above it, so the pages
+        below ``node`` that are lent too (at any creditor) cannot stay when
+        ``node`` may be dropped. Demoting them first is the order the tier's own
+        eviction keeps (a node leaves its tier after its descendants there), so
+        each lands in the next tier above its own children, or is dropped as a
+        leaf: nothing is stranded. Pages in later tiers stay. Cost: O(subtree).
+        """
+        order: List[Node] = []
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            if isinstance(n.ext, Copy) and n.ext.tier is self:
+                order.append(n)
+                todo.extend((n.children or {}).values())
+        pages = 0
+        for n in reversed(order):  # children after parents in ``order``: reversed, deepest first
+            pages += n.num_pages
+            stack.demote(index, n)
+        return pages
 
     def check(self) -> None:
         owed = int(self.manager.debt[self.debtor].sum())
         assert owed == self.used, f"borrowed tier of {self.debtor} holds {self.used} pages, ledger says {owed}"
         assert len(self.where) == self.used, f"borrowed tier of {self.debtor}: slot index has {len(self.where)}"
+
+
+def stranded_copies(cache: TieredCache) -> List[Node]:
+    """Lower-tier copies of a write-back ``cache`` that no lookup can reach: the ones to free.
+
+    A lower-tier hit needs the whole prefix, so a copy is reachable only while
+    every page above it is in HBM or has a lower copy itself. A copy below a
+    placeholder (a spill-tree page with no copy) whose page is not in HBM
+    holds its slot (for a borrowed page, a creditor's HBM block) and can
+    never be served. By HBM's prefix closure only a placeholder parent of a
+    copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
+    placeholder parent of a copy.
+    """
+    stack = cache._stack
+    out: List[Node] = []
+    for hbm_root, root in stack.tree.roots():
+        todo = [(child, True) for child in (root.children or {}).values()]
+        while todo:
+            node, reachable = todo.pop()
+            if isinstance(node.ext, Copy):
+                if not reachable:
+                    out.append(node)
+            elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
+                # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
+                _, data = cache._path_data(node)
+                _, pos, _, common = cache._tree.walk(hbm_root, data, node.end)
+                reachable = pos + common >= node.end
+            todo.extend((child, reachable) for child in (node.children or {}).values())
+    return out
 
 
 class Instance:
@@ -456,7 +508,9 @@ class Cluster:
             wall_seconds=time.perf_counter() - start)
 
     def check(self) -> None:
-        """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers) and the ledger. O(n)."""
+        """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers), no stranded copy, the ledger. O(n)."""
         for inst in self.instances:
             inst.cache.check()
+            stranded = stranded_copies(inst.cache)
+            assert not stranded, f"instance {inst.index} holds copies no lookup can reach: {stranded}"
         self.manager.check()
