@@ -30,6 +30,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import policies as _policies
 from .cache import Admission
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
@@ -39,6 +40,18 @@ from .tiers.host import HostTier
 from .tree import Node
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
+
+
+def routes_ahead(routing: str, num_instances: int) -> bool:
+    """Whether every request's instance is known before any is served: round robin, or one instance.
+
+    An offline policy (``belady``) needs each instance's future requests. Round
+    robin deals them out by arrival order alone; least-loaded and cache-aware
+    routing pick the instance from load and cached prefixes, which depend on
+    the hits, which depend on the policy's own evictions: that future does not
+    exist before the replay, so an offline policy is refused there.
+    """
+    return routing == "round_robin" or num_instances == 1
 
 
 class BorrowedTier(Tier):
@@ -415,6 +428,10 @@ class Cluster:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise TierConfigError(f"{name} must be a number in [0, 1], got {value!r}")
         check_positive_int(candidates, "candidates")
+        if _policies.create(policy).offline and not routes_ahead(routing, num_instances):
+            raise TierConfigError(f"policy {policy!r} is offline: it needs each instance's future requests, "
+                                  f"known in advance only with round_robin routing or one instance; routing "
+                                  f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
         if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
         self.balance = balance
@@ -480,8 +497,18 @@ class Cluster:
         return i, admission
 
     def replay(self, requests: Iterable[Request]) -> ClusterResult:
-        """Replay ``requests`` in order, each admitted and released at once; return the totals."""
+        """Replay ``requests`` in order, each admitted and released at once; return the totals.
+
+        An offline policy first gets each instance's share of ``requests`` (the
+        ones round robin will send it, in order), as
+        :func:`~radixkv.replay.replay` gives one cache the whole trace; with one
+        instance the result equals that replay's. ``requests`` is then read into
+        a list once.
+        """
         start = time.perf_counter()
+        if self.instances[0].cache.policy.offline:
+            requests = list(requests)
+            self._prepare(requests)
         prompt = hits = count = 0
         for request in requests:
             _, a = self.admit(request.tokens, namespace=request.namespace)
@@ -506,6 +533,13 @@ class Cluster:
             bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
             wall_seconds=time.perf_counter() - start)
+
+    def _prepare(self, requests: List[Request]) -> None:
+        """Give each instance's offline policy the requests round robin will route to it, from the cursor on."""
+        n = len(self.instances)
+        for k, inst in enumerate(self.instances):
+            share = requests[(k - self._next) % n::n]
+            inst.cache.policy.prepare(share, self.page_size, inst.cache.clock + 1)
 
     def check(self) -> None:
         """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers), no stranded copy, the ledger. O(n)."""
