@@ -32,6 +32,7 @@ import numpy as np
 
 from . import policies as _policies
 from .cache import Admission
+from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
 from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
@@ -52,6 +53,22 @@ def routes_ahead(routing: str, num_instances: int) -> bool:
     exist before the replay, so an offline policy is refused there.
     """
     return routing == "round_robin" or num_instances == 1
+
+
+def _copies_below(node: Node, tier: Optional[Tier] = None) -> List[Node]:
+    """``node`` and the spill-tree copies below it (in ``tier`` only, if given), deepest first.
+
+    Stops below a node that is not such a copy. Cost: O(subtree).
+    """
+    order: List[Node] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n.ext, Copy) and (tier is None or n.ext.tier is tier):
+            order.append(n)
+            todo.extend((n.children or {}).values())
+    order.reverse()  # parents came before their children: reversed, every child precedes its parent
+    return order
 
 
 class BorrowedTier(Tier):
@@ -144,17 +161,34 @@ class BorrowedTier(Tier):
         each lands in the next tier above its own children, or is dropped as a
         leaf: nothing is stranded. Pages in later tiers stay. Cost: O(subtree).
         """
-        order: List[Node] = []
-        todo = [node]
-        while todo:
-            n = todo.pop()
-            if isinstance(n.ext, Copy) and n.ext.tier is self:
-                order.append(n)
-                todo.extend((n.children or {}).values())
         pages = 0
-        for n in reversed(order):  # children after parents in ``order``: reversed, deepest first
+        for n in _copies_below(node, self):
             pages += n.num_pages
             stack.demote(index, n)
+        return pages
+
+    def forget(self, creditor: int) -> int:
+        """Forget the pages held in blocks ``creditor`` lent (its memory is gone); return pages forgotten.
+
+        Each such page goes with the rest of its node and every copy below it,
+        in any tier (unreachable without it), counted as lost; the blocks are
+        repaid, so the ledger no longer shows them. Cost: O(slots held + subtrees).
+        """
+        stack = self._owner._stack
+        lo = creditor * self.manager.stride
+        pages = 0
+        for slot in sorted(s for s in self.where if lo <= s < lo + self.manager.stride):
+            node = self.where.get(slot)
+            if node is None:  # gone with an earlier page's subtree
+                continue
+            i = int(np.flatnonzero(node.ext.slots == slot)[0])
+            if i:
+                stack._split(node, i)
+            for n in _copies_below(node):
+                pages += n.num_pages
+                n.ext.tier.give(stack._release(n).slots)
+                stack._drop(n)
+        stack.lost_pages += pages
         return pages
 
     def check(self) -> None:
@@ -533,6 +567,27 @@ class Cluster:
             bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
             wall_seconds=time.perf_counter() - start)
+
+    def crash(self, index: int) -> int:
+        """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.
+
+        Every debtor forgets the pages held in blocks it lent, with the pages
+        below them (:meth:`BorrowedTier.forget`): the debt is written off, never
+        served from memory that is gone. Its own cache is emptied (HBM, host,
+        and its borrowed pages, repaid to their creditors). Raises
+        :class:`~radixkv.errors.LockError`, changing nothing, while one of its
+        admissions is open. Its tier counters restart too. Cost: O(pages it lent + its cache).
+        """
+        index = check_positive_int(index, "index", allow_zero=True)
+        if index >= len(self.instances):
+            raise ArgumentValueError(f"index must be < {len(self.instances)} (the instances), got {index!r}")
+        inst = self.instances[index]
+        inst.cache.reset()  # raises before any change while pages are locked
+        lost = 0
+        for debtor in np.flatnonzero(self.manager.debt[:, index]).tolist():
+            lost += self.instances[debtor].borrowed.forget(index)
+        self.manager.heartbeat(index)
+        return lost
 
     def _prepare(self, requests: List[Request]) -> None:
         """Give each instance's offline policy the requests round robin will route to it, from the cursor on."""

@@ -11,13 +11,19 @@ from .test_cluster import serve
 from .test_tiers_payload import KV, PS
 
 
+def at_instance_0(cluster: Cluster, tokens, payload: bool) -> int:
+    """Serve ``tokens`` on instance 0 (round robin from 0), writing and verifying payloads if any."""
+    cluster._next = 0
+    return serve(cluster, tokens, payload=payload)
+
+
 def chain_lent_at_two_creditors(**kw) -> Cluster:
     """Instance 0's chain ``[1] * 8`` evicted in two steps: pages 2..3 lent by 1, then pages 0..1 by 2."""
     cluster = Cluster(3, num_blocks=4, page_size=PS, borrowing=True, lend_cap=0.5, low_watermark=0.0, **kw)
-    c0 = cluster.instances[0].cache
-    serve(cluster, [1] * 8, payload=kw.get("kv_shape") is not None)  # instance 0 (round robin)
-    c0.admit([2] * 4).release()  # the chain's tail (pages 2..3) goes to instance 1
-    c0.admit([3] * 4).release()  # its head (pages 0..1) to instance 2: instance 1 lent its cap
+    payload = kw.get("kv_shape") is not None
+    at_instance_0(cluster, [1] * 8, payload)
+    at_instance_0(cluster, [2] * 4, payload)  # the chain's tail (pages 2..3) goes to instance 1
+    at_instance_0(cluster, [3] * 4, payload)  # its head (pages 0..1) to instance 2: instance 1 lent its cap
     assert cluster.manager.debt[0].tolist() == [0, 2, 2]
     cluster.check()
     return cluster
@@ -42,8 +48,7 @@ def test_recall_with_a_host_demotes_the_whole_suffix_and_it_still_hits():
     cluster.check()
     host = cluster.instances[0].cache.tiers[1]
     assert m.debt.sum() == 0 and host.used == 4
-    cluster._next = 0
-    assert serve(cluster, [1] * 8, payload=True) == 8  # every page back from the host, bytes verified
+    assert at_instance_0(cluster, [1] * 8, True) == 8  # every page back from the host, bytes verified
     cluster.check()
 
 
@@ -67,3 +72,48 @@ def test_a_copy_below_a_page_in_hbm_is_not_stranded():
     assert not stranded_copies(c0)
     cluster.check()
     assert np.array_equal(cluster.manager.debt[0], [0, 2])
+
+
+
+def test_a_crashed_creditor_takes_its_pages_and_the_lent_pages_below_them():
+    cluster = chain_lent_at_two_creditors(kv_shape=KV)
+    assert cluster.crash(2) == 4  # the head it held, and the tail lent by instance 1 (unreachable now)
+    assert cluster.manager.debt.sum() == 0 and cluster.instances[1].cache.num_free_blocks == 4
+    assert cluster.instances[0].cache.tier_stats().lost_pages == 4
+    cluster.check()
+    assert at_instance_0(cluster, [1] * 8, True) == 0  # recomputed, never read from memory that is gone
+    cluster.check()
+
+
+def test_a_crashed_creditor_takes_the_host_pages_below_its_own():
+    cluster = chain_lent_at_two_creditors(kv_shape=KV, host_blocks=8)
+    c0 = cluster.instances[0].cache
+    at_instance_0(cluster, [4] * 4, True)  # [2] * 4 is lent by 1 in place of the chain's tail, which goes to the host
+    assert cluster.manager.debt[0].tolist() == [0, 2, 2] and c0.tiers[1].used == 2
+    assert cluster.crash(2) == 4
+    assert cluster.manager.debt[0].tolist() == [0, 2, 0] and c0.tiers[1].used == 0
+    cluster.check()
+    assert at_instance_0(cluster, [2] * 4, True) == 4  # the pages at instance 1 are still good
+    cluster.check()
+
+
+def test_crash_with_an_open_admission_changes_nothing():
+    from radixkv import LockError
+
+    from .strategies import snapshot
+    cluster = chain_lent_at_two_creditors()
+    admission = cluster.instances[2].cache.admit([7] * 4)
+    before = [snapshot(inst.cache) for inst in cluster.instances], cluster.manager.debt.tolist()
+    with pytest.raises(LockError):
+        cluster.crash(2)
+    assert ([snapshot(inst.cache) for inst in cluster.instances], cluster.manager.debt.tolist()) == before
+    admission.release()
+    cluster.check()
+
+
+def test_a_crashed_debtor_repays_what_it_borrowed():
+    cluster = chain_lent_at_two_creditors()
+    assert cluster.crash(0) == 0
+    assert cluster.manager.debt.sum() == 0 and cluster.instances[0].cache.num_free_blocks == 4
+    assert all(inst.cache.num_held_blocks == 0 for inst in cluster.instances)
+    cluster.check()

@@ -1,5 +1,8 @@
 """The cluster ledger as a state machine: requests, borrowing, recalls and creditor failures.
 
+Creditors fail two ways: they stop answering (refuse every loan) and come back, or crash
+(lose their memory and restart empty).
+
 After every step: every instance's ``check()`` and the ledger's (``Cluster.check``, which
 includes no stranded copy), the ledger equals the blocks each creditor holds for others,
 and every page anywhere (HBM, borrowed memory, host) holds the bytes written for its prefix.
@@ -16,6 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixkv import LockError
 from radixkv.cluster import ROUTING, Cluster
 from radixkv.keys import TOKEN_DTYPE
 from radixkv.tiers.base import Copy
@@ -129,6 +133,21 @@ class ClusterMachine(RuleBasedStateMachine):
     def set_available(self, i, available):
         """A creditor stops answering (it refuses every loan) or comes back."""
         self.cluster.instances[i].available = available
+
+    @rule(pick=st.integers(0, 2))
+    def crash(self, pick):
+        """An instance (a lender, if any) loses its memory: its debtors forget what it held, it restarts empty."""
+        cluster = self.cluster
+        lenders = [c for c in range(3) if cluster.manager.lent(c)] or [0, 1, 2]
+        i = lenders[pick % len(lenders)]
+        try:
+            cluster.crash(i)
+        except LockError:
+            assert any(j == i for j, _ in self.open), "crash refused with no admission open"
+            return
+        m = cluster.manager
+        assert m.lent(i) == 0 and m.owed(i) == 0
+        assert cluster.instances[i].cache.num_free_blocks == cluster.instances[i].cache.num_blocks
 
     # -------------------------------------------------------------- invariants
     @invariant()
