@@ -14,7 +14,11 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
 * a creditor short of memory recalls loans before serving a request: each
   borrowed page moves to another creditor with room (the new block is
   reserved before the copy) or is demoted to the debtor's next tier (host) or
-  dropped. The ledger (debt matrix) always equals the loans held.
+  dropped, with the borrowed pages below it, so no copy is left behind a
+  missing prefix (:func:`stranded_copies`, asserted by :meth:`Cluster.check`);
+* a creditor that crashes (:meth:`Cluster.crash`) takes the pages it held
+  and the pages below them: its debtors forget them and the debt is written
+  off. The ledger (debt matrix) always equals the loans held.
 
 :class:`Cluster` routes requests (round robin, least loaded, cache-aware:
 longest cached prefix with load as tie-break, among instances within a load
@@ -38,6 +42,7 @@ from .traces import Request
 from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
 from .tiers.cache import TieredCache
 from .tiers.host import HostTier
+from .tiers.stack import TierStack
 from .tree import Node
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
@@ -151,7 +156,7 @@ class BorrowedTier(Tier):
                 demoted += self._demote_suffix(stack, index, node)
         return moved, demoted
 
-    def _demote_suffix(self, stack, index: int, node: Node) -> int:
+    def _demote_suffix(self, stack: TierStack, index: int, node: Node) -> int:
         """Demote ``node`` and every borrowed copy below it, deepest first; return the pages.
 
         A lookup reaches a copy only through the pages above it, so the pages
@@ -192,9 +197,16 @@ class BorrowedTier(Tier):
         return pages
 
     def check(self) -> None:
+        """The ledger's row equals the pages held; every slot is a loan to this debtor held by its node. O(pages)."""
         owed = int(self.manager.debt[self.debtor].sum())
         assert owed == self.used, f"borrowed tier of {self.debtor} holds {self.used} pages, ledger says {owed}"
         assert len(self.where) == self.used, f"borrowed tier of {self.debtor}: slot index has {len(self.where)}"
+        stride, loans = self.manager.stride, self.manager.loans
+        for slot, node in self.where.items():
+            assert node.alive and isinstance(node.ext, Copy) and node.ext.tier is self and slot in node.ext.slots, (
+                f"borrowed tier of {self.debtor}: slot {slot} indexed to {node}, which does not hold it")
+            assert loans[slot // stride].get(slot % stride) == self.debtor, (
+                f"borrowed tier of {self.debtor}: slot {slot} is no loan to it")
 
 
 def stranded_copies(cache: TieredCache) -> List[Node]:
