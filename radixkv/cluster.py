@@ -609,7 +609,7 @@ class Cluster:
             inst.cache.policy.prepare(share, self.page_size, inst.cache.clock + 1)
 
     def check(self) -> None:
-        """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers), no stranded copy, the ledger. O(n)."""
+        """Every instance's :meth:`~radixkv.tiers.TieredCache.check`, no stranded copy, and the ledger. O(n)."""
         for inst in self.instances:
             inst.cache.check()
             stranded = stranded_copies(inst.cache)

@@ -117,3 +117,13 @@ def test_a_crashed_debtor_repays_what_it_borrowed():
     assert cluster.manager.debt.sum() == 0 and cluster.instances[0].cache.num_free_blocks == 4
     assert all(inst.cache.num_held_blocks == 0 for inst in cluster.instances)
     cluster.check()
+
+
+@pytest.mark.parametrize("index, error", [(3, ValueError), (-1, ValueError), (True, TypeError), (1.0, TypeError)])
+def test_crash_of_no_such_instance_raises_and_changes_nothing(index, error):
+    cluster = chain_lent_at_two_creditors()
+    before = cluster.manager.debt.tolist()
+    with pytest.raises(error, match="index"):
+        cluster.crash(index)
+    assert cluster.manager.debt.tolist() == before
+    cluster.check()
