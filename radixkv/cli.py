@@ -496,8 +496,11 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, lend_cap, low_watermark,
                 policy, page_size, fmt, limit, skip_bad, as_json) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
-    from .cluster import Cluster
+    from .cluster import Cluster, routes_ahead
 
+    if policies.create(policy).offline and not routes_ahead(routing, instances):
+        raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
+                                 f"decides from cache state as it goes: use --routing round_robin or --instances 1")
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
     out = cluster.replay(TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)).as_dict()

@@ -14,7 +14,11 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
 * a creditor short of memory recalls loans before serving a request: each
   borrowed page moves to another creditor with room (the new block is
   reserved before the copy) or is demoted to the debtor's next tier (host) or
-  dropped. The ledger (debt matrix) always equals the loans held.
+  dropped, with the borrowed pages below it, so no copy is left behind a
+  missing prefix (:func:`stranded_copies`, asserted by :meth:`Cluster.check`);
+* a creditor that crashes (:meth:`Cluster.crash`) takes the pages it held
+  and the pages below them: its debtors forget them and the debt is written
+  off. The ledger (debt matrix) always equals the loans held.
 
 :class:`Cluster` routes requests (round robin, least loaded, cache-aware:
 longest cached prefix with load as tie-break, among instances within a load
@@ -30,15 +34,46 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import policies as _policies
 from .cache import Admission
+from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
-from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
+from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
 from .tiers.cache import TieredCache
 from .tiers.host import HostTier
+from .tiers.stack import TierStack
 from .tree import Node
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
+
+
+def routes_ahead(routing: str, num_instances: int) -> bool:
+    """Whether every request's instance is known before any is served: round robin, or one instance.
+
+    An offline policy (``belady``) needs each instance's future requests. Round
+    robin deals them out by arrival order alone; least-loaded and cache-aware
+    routing pick the instance from load and cached prefixes, which depend on
+    the hits, which depend on the policy's own evictions: that future does not
+    exist before the replay, so an offline policy is refused there.
+    """
+    return routing == "round_robin" or num_instances == 1
+
+
+def _copies_below(node: Node, tier: Optional[Tier] = None) -> List[Node]:
+    """``node`` and the spill-tree copies below it (in ``tier`` only, if given), deepest first.
+
+    Stops below a node that is not such a copy. Cost: O(subtree).
+    """
+    order: List[Node] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n.ext, Copy) and (tier is None or n.ext.tier is tier):
+            order.append(n)
+            todo.extend((n.children or {}).values())
+    order.reverse()  # parents came before their children: reversed, every child precedes its parent
+    return order
 
 
 class BorrowedTier(Tier):
@@ -94,18 +129,20 @@ class BorrowedTier(Tier):
         """Vacate ``slots`` (held at ``creditor``): move each page to another creditor, else demote it.
 
         Returns ``(pages moved, pages demoted or dropped)``. The new block is
-        reserved before the copy, so a failed move loses nothing.
+        reserved before the copy, so a failed move loses nothing. A page that
+        cannot move is demoted with the rest of its node and every deeper
+        borrowed page below it, deepest first (see :meth:`_demote_suffix`).
         """
         stack = self._owner._stack
         index = stack.tiers.index(self)
         moved = demoted = 0
         for slot in slots:
             node = self.where.get(int(slot))
-            if node is None:
+            if node is None:  # gone with an earlier page's suffix
                 continue
+            i = int(np.flatnonzero(node.ext.slots == slot)[0])
             new = self.manager.borrow(self.debtor, 1, exclude=(creditor,))
             if len(new):
-                i = int(np.flatnonzero(node.ext.slots == slot)[0])
                 if stack.has_payload:
                     self.manager.write(new, self.manager.read(np.array([slot], dtype=SLOT_DTYPE)))
                 node.ext.slots[i] = new[0]
@@ -113,18 +150,92 @@ class BorrowedTier(Tier):
                 self.where[int(new[0])] = node
                 self.manager.repay(self.debtor, np.array([slot], dtype=SLOT_DTYPE))
                 moved += 1
-            else:  # demote this page and the rest of its run (unreachable without it)
-                i = int(np.flatnonzero(node.ext.slots == slot)[0])
+            else:
                 if i:
                     stack._split(node, i)
-                demoted += node.num_pages
-                stack.demote(index, node)
+                demoted += self._demote_suffix(stack, index, node)
         return moved, demoted
 
+    def _demote_suffix(self, stack: TierStack, index: int, node: Node) -> int:
+        """Demote ``node`` and every borrowed copy below it, deepest first; return the pages.
+
+        A lookup reaches a copy only through the pages above it, so the pages
+        below ``node`` that are lent too (at any creditor) cannot stay when
+        ``node`` may be dropped. Demoting them first is the order the tier's own
+        eviction keeps (a node leaves its tier after its descendants there), so
+        each lands in the next tier above its own children, or is dropped as a
+        leaf: nothing is stranded. Pages in later tiers stay. Cost: O(subtree).
+        """
+        pages = 0
+        for n in _copies_below(node, self):
+            pages += n.num_pages
+            stack.demote(index, n)
+        return pages
+
+    def forget(self, creditor: int) -> int:
+        """Forget the pages held in blocks ``creditor`` lent (its memory is gone); return pages forgotten.
+
+        Each such page goes with the rest of its node and every copy below it,
+        in any tier (unreachable without it), counted as lost; the blocks are
+        repaid, so the ledger no longer shows them. Cost: O(slots held + subtrees).
+        """
+        stack = self._owner._stack
+        lo = creditor * self.manager.stride
+        pages = 0
+        for slot in sorted(s for s in self.where if lo <= s < lo + self.manager.stride):
+            node = self.where.get(slot)
+            if node is None:  # gone with an earlier page's subtree
+                continue
+            i = int(np.flatnonzero(node.ext.slots == slot)[0])
+            if i:
+                stack._split(node, i)
+            for n in _copies_below(node):
+                pages += n.num_pages
+                n.ext.tier.give(stack._release(n).slots)
+                stack._drop(n)
+        stack.lost_pages += pages
+        return pages
+
     def check(self) -> None:
+        """The ledger's row equals the pages held; every slot is a loan to this debtor held by its node. O(pages)."""
         owed = int(self.manager.debt[self.debtor].sum())
         assert owed == self.used, f"borrowed tier of {self.debtor} holds {self.used} pages, ledger says {owed}"
         assert len(self.where) == self.used, f"borrowed tier of {self.debtor}: slot index has {len(self.where)}"
+        stride, loans = self.manager.stride, self.manager.loans
+        for slot, node in self.where.items():
+            assert node.alive and isinstance(node.ext, Copy) and node.ext.tier is self and slot in node.ext.slots, (
+                f"borrowed tier of {self.debtor}: slot {slot} indexed to {node}, which does not hold it")
+            assert loans[slot // stride].get(slot % stride) == self.debtor, (
+                f"borrowed tier of {self.debtor}: slot {slot} is no loan to it")
+
+
+def stranded_copies(cache: TieredCache) -> List[Node]:
+    """Lower-tier copies of a write-back ``cache`` that no lookup can reach: the ones to free.
+
+    A lower-tier hit needs the whole prefix, so a copy is reachable only while
+    every page above it is in HBM or has a lower copy itself. A copy below a
+    placeholder (a spill-tree page with no copy) whose page is not in HBM
+    holds its slot (for a borrowed page, a creditor's HBM block) and can
+    never be served. By HBM's prefix closure only a placeholder parent of a
+    copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
+    placeholder parent of a copy.
+    """
+    stack = cache._stack
+    out: List[Node] = []
+    for hbm_root, root in stack.tree.roots():
+        todo = [(child, True) for child in (root.children or {}).values()]
+        while todo:
+            node, reachable = todo.pop()
+            if isinstance(node.ext, Copy):
+                if not reachable:
+                    out.append(node)
+            elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
+                # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
+                _, data = cache._path_data(node)
+                _, pos, _, common = cache._tree.walk(hbm_root, data, node.end)
+                reachable = pos + common >= node.end
+            todo.extend((child, reachable) for child in (node.children or {}).values())
+    return out
 
 
 class Instance:
@@ -363,6 +474,10 @@ class Cluster:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
                 raise TierConfigError(f"{name} must be a number in [0, 1], got {value!r}")
         check_positive_int(candidates, "candidates")
+        if _policies.create(policy).offline and not routes_ahead(routing, num_instances):
+            raise TierConfigError(f"policy {policy!r} is offline: it needs each instance's future requests, "
+                                  f"known in advance only with round_robin routing or one instance; routing "
+                                  f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
         if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
         self.balance = balance
@@ -428,8 +543,18 @@ class Cluster:
         return i, admission
 
     def replay(self, requests: Iterable[Request]) -> ClusterResult:
-        """Replay ``requests`` in order, each admitted and released at once; return the totals."""
+        """Replay ``requests`` in order, each admitted and released at once; return the totals.
+
+        An offline policy first gets each instance's share of ``requests`` (the
+        ones round robin will send it, in order), as
+        :func:`~radixkv.replay.replay` gives one cache the whole trace; with one
+        instance the result equals that replay's. ``requests`` is then read into
+        a list once.
+        """
         start = time.perf_counter()
+        if self.instances[0].cache.policy.offline:
+            requests = list(requests)
+            self._prepare(requests)
         prompt = hits = count = 0
         for request in requests:
             _, a = self.admit(request.tokens, namespace=request.namespace)
@@ -455,8 +580,38 @@ class Cluster:
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
             wall_seconds=time.perf_counter() - start)
 
+    def crash(self, index: int) -> int:
+        """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.
+
+        Every debtor forgets the pages held in blocks it lent, with the pages
+        below them (:meth:`BorrowedTier.forget`): the debt is written off, never
+        served from memory that is gone. Its own cache is emptied (HBM, host,
+        and its borrowed pages, repaid to their creditors). Raises
+        :class:`~radixkv.errors.LockError`, changing nothing, while one of its
+        admissions is open. Its tier counters restart too. Cost: O(pages it lent + its cache).
+        """
+        index = check_positive_int(index, "index", allow_zero=True)
+        if index >= len(self.instances):
+            raise ArgumentValueError(f"index must be < {len(self.instances)} (the instances), got {index!r}")
+        inst = self.instances[index]
+        inst.cache.reset()  # raises before any change while pages are locked
+        lost = 0
+        for debtor in np.flatnonzero(self.manager.debt[:, index]).tolist():
+            lost += self.instances[debtor].borrowed.forget(index)
+        self.manager.heartbeat(index)
+        return lost
+
+    def _prepare(self, requests: List[Request]) -> None:
+        """Give each instance's offline policy the requests round robin will route to it, from the cursor on."""
+        n = len(self.instances)
+        for k, inst in enumerate(self.instances):
+            share = requests[(k - self._next) % n::n]
+            inst.cache.policy.prepare(share, self.page_size, inst.cache.clock + 1)
+
     def check(self) -> None:
-        """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (HBM, tiers) and the ledger. O(n)."""
+        """Every instance's :meth:`~radixkv.tiers.TieredCache.check`, no stranded copy, and the ledger. O(n)."""
         for inst in self.instances:
             inst.cache.check()
+            stranded = stranded_copies(inst.cache)
+            assert not stranded, f"instance {inst.index} holds copies no lookup can reach: {stranded}"
         self.manager.check()
