@@ -650,6 +650,8 @@ class PrefixCache:
             self._policy.on_remove(node)
             node.gen = -1
             node.heap_id = 0
+        for _, root in self._tree.roots():  # handles to them outlive the reset: they must find nothing
+            root.children = None
         self._tree = RadixTree(self.page_size)
         self._victims = VictimQueue()
         self._cached = 0
@@ -957,7 +959,6 @@ class PrefixCache:
                 self._rank(parent)
             else:
                 self._drop_root_if_unused(parent)
-        top.parent = None
         removed = np.concatenate([n.blocks for n in subtree])
         if self._events is not None:
             self._events.removed(removed)
@@ -982,6 +983,7 @@ class PrefixCache:
             else:
                 freed.append(n.blocks)
                 n.gen = -1
+        top.parent = None  # cut only now: the policy's on_remove may walk up to the namespace root
         if freed:
             self._pool.give_back(np.concatenate(freed))
 
@@ -1028,8 +1030,19 @@ class PrefixCache:
         node = handle._node
         if node.gen != handle._gen:
             raise StaleHandleError(f"{handle!r} is stale: its pages were evicted since it was issued")
-        if node.__class__ is Root:  # the empty prefix of its namespace, whichever root holds it now
-            return self._tree._roots.get(node.namespace, node)
+        if node.__class__ is Root:
+            # The empty prefix of its namespace, whichever root holds it now; never the handle's own
+            # root object, which may be another cache's or one a reset emptied (its children were
+            # this cache's pages then, and adopting it would serve blocks that hold other KV now).
+            registered = self._tree._roots.get(node.namespace)
+            return registered if registered is not None else self._tree.empty_root(node.namespace)
+        if self._detached and node in self._detached:  # an aborted page still held (see Admission.abort)
+            return node
+        root = node.parent
+        while root.parent is not None:
+            root = root.parent
+        if root.__class__ is not Root or self._tree._roots.get(root.namespace) is not root:
+            raise ArgumentValueError(f"{handle!r} is not a handle of this cache's pages")
         return node
 
     def _require_state(self, blocks: np.ndarray, state: int, action: str) -> None:

@@ -40,7 +40,7 @@ from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
 from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
-from .tiers.cache import TieredCache
+from .tiers.cache import TieredCache, stranded_copies
 from .tiers.host import HostTier
 from .tiers.stack import TierStack
 from .tree import Node
@@ -207,35 +207,6 @@ class BorrowedTier(Tier):
                 f"borrowed tier of {self.debtor}: slot {slot} indexed to {node}, which does not hold it")
             assert loans[slot // stride].get(slot % stride) == self.debtor, (
                 f"borrowed tier of {self.debtor}: slot {slot} is no loan to it")
-
-
-def stranded_copies(cache: TieredCache) -> List[Node]:
-    """Lower-tier copies of a write-back ``cache`` that no lookup can reach: the ones to free.
-
-    A lower-tier hit needs the whole prefix, so a copy is reachable only while
-    every page above it is in HBM or has a lower copy itself. A copy below a
-    placeholder (a spill-tree page with no copy) whose page is not in HBM
-    holds its slot (for a borrowed page, a creditor's HBM block) and can
-    never be served. By HBM's prefix closure only a placeholder parent of a
-    copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
-    placeholder parent of a copy.
-    """
-    stack = cache._stack
-    out: List[Node] = []
-    for hbm_root, root in stack.tree.roots():
-        todo = [(child, True) for child in (root.children or {}).values()]
-        while todo:
-            node, reachable = todo.pop()
-            if isinstance(node.ext, Copy):
-                if not reachable:
-                    out.append(node)
-            elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
-                # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
-                _, data = cache._path_data(node)
-                _, pos, _, common = cache._tree.walk(hbm_root, data, node.end)
-                reachable = pos + common >= node.end
-            todo.extend((child, reachable) for child in (node.children or {}).values())
-    return out
 
 
 class Instance:

@@ -45,7 +45,7 @@ from ..errors import ArgumentTypeError
 from ..events import MEDIUM_GPU, TIER_MEDIUM, KVCacheEvent
 from ..keys import TokensLike, is_int
 from ..tree import Node
-from .base import Tier, TierConfigError
+from .base import Copy, Tier, TierConfigError
 from .stack import TierStack, path_data
 from .transfers import HBM, TransferLedger, TransferTotals
 
@@ -302,9 +302,13 @@ class TieredCache(PrefixCache):
         return present
 
     def check(self) -> None:
-        """:meth:`PrefixCache.check` plus every lower tier: spill tree, residency, slots, queues."""
+        """:meth:`PrefixCache.check` plus every lower tier: spill tree, residency, slots, queues;
+        under write-back also that every lower copy is reachable (:func:`stranded_copies`)."""
         super().check()
         self._stack.check()
+        if self._exclusive:
+            stranded = stranded_copies(self)
+            assert not stranded, f"lower copies no lookup can reach: {stranded[:3]}"
 
     def reset(self) -> None:
         """Drop every cached page in every tier and zero the tier counters."""
@@ -510,3 +514,32 @@ def n_root(node: Node) -> Node:
     while node.parent is not None:
         node = node.parent
     return node
+
+
+def stranded_copies(cache: TieredCache) -> List[Node]:
+    """Lower-tier copies of a write-back ``cache`` that no lookup can reach: the ones to free.
+
+    A lower-tier hit needs the whole prefix, so a copy is reachable only while
+    every page above it is in HBM or has a lower copy itself. A copy below a
+    placeholder (a spill-tree page with no copy) whose page is not in HBM
+    holds its slot (for a borrowed page, a creditor's HBM block) and can
+    never be served. By HBM's prefix closure only a placeholder parent of a
+    copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
+    placeholder parent of a copy.
+    """
+    stack = cache._stack
+    out: List[Node] = []
+    for hbm_root, root in stack.tree.roots():
+        todo = [(child, True) for child in (root.children or {}).values()]
+        while todo:
+            node, reachable = todo.pop()
+            if isinstance(node.ext, Copy):
+                if not reachable:
+                    out.append(node)
+            elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
+                # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
+                _, data = cache._path_data(node)
+                _, pos, _, common = cache._tree.walk(hbm_root, data, node.end)
+                reachable = pos + common >= node.end
+            todo.extend((child, reachable) for child in (node.children or {}).values())
+    return out

@@ -20,6 +20,7 @@ Needs redis-py: ``pip install radixkv[redis]``.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import List, Optional, Sequence
 
@@ -114,9 +115,15 @@ class RedisBackend:
 
     def clear(self) -> None:
         """Delete this namespace's keys on every reachable server. O(keys)."""
+        # SCAN's glob would also match another backend's namespace that extends this one
+        # ("team" and "team:eu") and reads glob characters in ours as patterns: escape them,
+        # and keep only "<namespace>:<digits>", the keys this backend writes.
+        pattern = re.sub(r"([\\*?\[\]])", r"\\\1", self.namespace) + ":*"
+        cut = len(self.namespace.encode("utf-8")) + 1
         for client in self._clients:
             try:
-                keys = list(client.scan_iter(match=f"{self.namespace}:*", count=1000))
+                keys = [k for k in client.scan_iter(match=pattern, count=1000)
+                        if (k if isinstance(k, bytes) else k.encode("utf-8"))[cut:].isdigit()]
                 for i in range(0, len(keys), 1000):
                     client.unlink(*keys[i: i + 1000])
             except self._errors:

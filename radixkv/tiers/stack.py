@@ -292,6 +292,27 @@ class TierStack:
         self._set_ext(node, None)
         self._gc(node)
 
+    def _lose(self, node: Node) -> None:
+        """Drop ``node``, a page lost below HBM (a refused write, a bad checksum, a lost host), with
+        every lower copy below it: a hit needs the whole prefix, so they could not be served until
+        the lost pages were cached again, and would hold their slots meanwhile. Copies still in
+        flight (placed by a caller up the stack) are left to it. O(nodes below)."""
+        below = []
+        todo = list(node.children.values()) if node.children else []
+        while todo:
+            n = todo.pop()
+            below.append(n)
+            if n.children:
+                todo.extend(n.children.values())
+        for n in sorted(below, key=lambda x: -x.end):  # deepest first: a placeholder goes with its last copy
+            if n.gen >= 0 and isinstance(n.ext, Copy):
+                self.dropped_pages += n.num_pages
+                tier = n.ext.tier
+                self._give(tier, self._release(n).slots)
+                self._drop(n)
+        if node.gen >= 0:
+            self._drop(node)
+
     # ------------------------------------------------------------------ reads
     def _path(self, node: Node) -> List[Node]:
         path = []
@@ -354,6 +375,7 @@ class TierStack:
         parts: List[np.ndarray] = []
         by_tier: List[Tuple[str, int]] = []
         released: List[Node] = []
+        lost: List[Node] = []
         for node in run:
             if got >= max_pages:
                 break
@@ -372,7 +394,7 @@ class TierStack:
                 upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
                 self._give(tier, self._release(use).slots)
                 self._set_ext(use, None)
-                released.append(use)
+                lost.append(use)
                 if upper is None:
                     break
                 use = upper
@@ -388,6 +410,9 @@ class TierStack:
                 released.append(use)
             if good < want:
                 break
+        for node in lost:  # the copies below a bad page go with it (see _lose)
+            if node.gen >= 0:
+                self._lose(node)
         for node in reversed(released):
             if node.gen >= 0:
                 self._gc(node)
@@ -471,6 +496,7 @@ class TierStack:
         off = stored = 0
         leftover: List[Node] = []
         failed: List[Node] = []
+        refused: List[Node] = []
         for n in nodes:
             avail = len(slots) - off
             if avail <= 0:
@@ -485,9 +511,9 @@ class TierStack:
             rows = slice(n.start - start, n.end - start)
             ok = self._write(tier, s, None if pages is None else pages[rows])
             good = k if ok.all() else int(np.argmin(ok))
-            if good < k:  # the tier refused a write: keep the pages before it, drop the rest
+            if good < k:  # the tier refused a write: keep the pages before it, lose the rest
                 self._give(tier, s[good:])
-                failed.append(n)
+                refused.append(n)
                 if not good:
                     continue
                 n = self._split(n, good)  # the upper part, stored; ``n`` above keeps the tail
@@ -505,6 +531,10 @@ class TierStack:
         for n in sorted(failed, key=lambda x: -x.end):
             self.dropped_pages += n.num_pages
             self._drop(n)
+        for n in sorted(refused, key=lambda x: -x.end):
+            if n.gen >= 0:
+                self.dropped_pages += n.num_pages
+                self._lose(n)
 
     def reserve(self, i: int, n: int) -> np.ndarray:
         """Up to ``n`` slots of tier ``i``, evicting (cascading) its lowest-ranked pages for room."""
@@ -579,7 +609,7 @@ class TierStack:
             self.integrity_misses += len(ok) - good
             upper = self._split(node, good) if good else None
             self.dropped_pages += node.num_pages
-            self._drop(node)
+            self._lose(node)
             if upper is None:
                 return
             node = upper
@@ -636,7 +666,7 @@ class TierStack:
                 self._split(node, first)
             forgotten += node.num_pages
             self._give(tier, self._release(node).slots)
-            self._drop(node)
+            self._lose(node)
         self.lost_pages += forgotten
         return forgotten
 
