@@ -94,3 +94,26 @@ def test_capacity_items_in_every_unit():
         parse_capacity("150%", distinct_pages=pages)
     with pytest.raises(ArgumentValueError, match="no trace given"):
         parse_capacity("5%")
+
+
+def test_api_replay_sweep_curve_agree_and_convert_to_rows(tmp_path):
+    import gzip
+
+    from radixkv.api import Records, curve, distinct_pages, replay, sweep
+    from radixkv.generators import generate, write_token_jsonl
+
+    requests = list(generate("multi_turn", 3, 120))
+    path = tmp_path / "t.jsonl"
+    write_token_jsonl(requests, str(path))
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(path.read_bytes()))
+    pages = distinct_pages(requests)
+    assert pages == distinct_pages(str(path)) == distinct_pages(str(tmp_path / "t.jsonl.gz"))
+    by_tokens = replay(str(path), max_total_tokens=pages * 16)
+    assert by_tokens.num_blocks == pages and by_tokens.evicted_blocks == 0
+    rows = sweep(str(tmp_path / "t.jsonl.gz"), ["lru"], ["10%", 50, "100%"])
+    assert isinstance(rows, Records) and [r.num_blocks for r in rows] == [pages // 10, 50, pages]
+    points = curve(requests, [pages // 10, 50, pages])
+    assert [p.hit_tokens for p in points] == [r.hit_tokens for r in rows]
+    assert rows.to_records()[1]["hit_tokens"] == replay(requests, num_blocks=50).hit_tokens
+    with pytest.raises(ArgumentValueError, match="give exactly one of"):
+        replay(requests, num_blocks=5, kv_cache_memory="1GiB")
