@@ -397,7 +397,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     prompt_tokens = sum(len(r.tokens) for r in requests)
     pages = prompt_tokens // page_size
     capacities = sorted({max(1, pages // d) for d in (400, 150, 60, 25, 10)})
-    click.echo(f"trace: mix, {len(requests)} requests, {prompt_tokens} prompt tokens, seed {seed}")
+    click.echo(f"trace: mix, {len(requests):,} requests, {prompt_tokens:,} prompt tokens, seed {seed}")
     rows = []
     runs = [(p, c) for p in policies.available() for c in capacities]
     with progress(len(runs) * len(requests), quiet, "demo") as bar:
@@ -414,7 +414,9 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     try:
         from .plot import plot_results
 
-        png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=f"mix workload, page {page_size}")
+        title = f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} \u00b7 {DEFAULT_MODEL}"
+        png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=title,
+                           ceiling=curve.max_hit_tokens / max(curve.prompt_tokens, 1))
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')} and {png}")
     except RuntimeError as exc:  # matplotlib missing: the table is the demo
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')}; no plot: {exc}")

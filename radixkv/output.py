@@ -43,7 +43,7 @@ def cell(column: str, value: object) -> str:
     if isinstance(value, float) and math.isfinite(value):
         if is_rate(column):
             return f"{value * 100:.2f}%"
-        return f"{value:,.2f}" if abs(value) >= 1 else f"{value:.4g}"
+        return f"{value:,.2f}" if abs(value) >= 0.01 or value == 0 else f"{value:.2g}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
