@@ -137,7 +137,7 @@ def parse_capacity(text: object, *, page_size: int = 16, model: ModelLike = "lla
             raise ArgumentValueError(f"{name}: {text!r} is a share of a trace's distinct pages; no trace given")
         return _checked(max(1, int(distinct_pages() * share / 100)), name, text, "pages")
     if unit.endswith("b"):
-        return resolve_blocks(kv_cache_memory=f"{number}{unit}", page_size=page_size, model=model,
+        return resolve_blocks(kv_cache_memory=str(text).strip(), page_size=page_size, model=model,
                               names=(name, name, name))
     if "tok" in unit:
         return resolve_blocks(max_total_tokens=number + unit.split("tok")[0], page_size=page_size,
