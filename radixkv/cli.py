@@ -97,7 +97,10 @@ def fit_columns(rows: list, columns: list, explicit: bool) -> list:
     """``columns``, less the rightmost ones while the table is wider than :data:`TABLE_WIDTH`
     (never when the user chose them)."""
     columns = list(columns)
-    while not explicit and len(columns) > 2 and max(map(len, render(rows, columns, "table").splitlines())) > TABLE_WIDTH:
+    def width() -> int:
+        return max(map(len, render(rows, columns, "table").splitlines()))
+
+    while not explicit and len(columns) > 2 and width() > TABLE_WIDTH:
         columns.pop()
     return columns
 
@@ -280,8 +283,10 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
                                                    "transfer_seconds", "recomputed_tokens", "integrity_misses",
                                                    "dropped_pages", "lost_pages")},
                    **tier_faults(cache.tiers))
-    if out_fmt in ("json", "csv") or columns:
+    if out_fmt == "json":
         show([out], REPLAY_COLUMNS, out_fmt, columns)
+    elif out_fmt == "csv" or columns:
+        show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, columns)
     else:
         show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, None)
         click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
@@ -414,7 +419,8 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     try:
         from .plot import plot_results
 
-        title = f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} \u00b7 {DEFAULT_MODEL}"
+        title = (f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} "
+                 f"\u00b7 {DEFAULT_MODEL}")
         png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=title,
                            ceiling=curve.max_hit_tokens / max(curve.prompt_tokens, 1))
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')} and {png}")
@@ -634,7 +640,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
     out = cluster.replay(open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)).as_dict()
-    show([out if out_fmt in ("json", "csv") else with_capacity({**out, "page_size": page_size}, model)], CLUSTER_COLUMNS, out_fmt, columns)
+    row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
+    show([row], CLUSTER_COLUMNS, out_fmt, columns)
     if out_fmt == "table":
         click.echo(f"\ncapacity per instance: {capacity_line(num_blocks, page_size, model)}")
 

@@ -13,7 +13,7 @@ import csv
 import io
 import json
 import math
-from typing import Iterable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .errors import ArgumentValueError
 
@@ -57,7 +57,8 @@ def _numeric(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def pick_columns(spec: Optional[str], default: Sequence[str], rows: Sequence[dict], flag: str = "--columns") -> List[str]:
+def pick_columns(spec: Optional[str], default: Sequence[str], rows: Sequence[dict],
+                 flag: str = "--columns") -> List[str]:
     """``default``, or the comma-separated columns of ``spec`` (each must be a key of the rows)."""
     if not spec:
         return list(default)
@@ -106,8 +107,3 @@ def render(rows: Sequence[dict], columns: Sequence[str], fmt: str) -> str:
     if fmt == "csv":
         return csv_text(rows, columns)
     return text_table(rows, columns, markdown=fmt == "md")
-
-
-def records(items: Iterable[object]) -> List[dict]:
-    """Plain dicts of result records (their ``as_dict()``), for :func:`render` or pandas."""
-    return [item.as_dict() if hasattr(item, "as_dict") else dict(item) for item in items]  # type: ignore[call-overload]

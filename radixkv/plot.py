@@ -76,7 +76,8 @@ def _series(rows: List[dict], key: str) -> Dict[str, List[Tuple[int, float]]]:
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999999")
-"""Okabe-Ito colours (wine for its hard-to-see yellow), told apart by colour-blind readers; markers and line styles differ too (greyscale)."""
+"""Okabe-Ito colours (wine for its hard-to-see yellow), told apart by colour-blind readers; markers
+and line styles differ too, for greyscale."""
 
 
 def no_eviction_ceiling(rows: List[dict]) -> Optional[float]:
