@@ -188,3 +188,13 @@ def test_default_tables_fit_100_columns(trace, tmp_path, args):
     table = [line for line in text.splitlines() if line.startswith("|")]
     assert len(table) >= 3 and max(map(len, table)) <= WIDTH, "\n".join(line for line in table if len(line) > WIDTH)
     assert "%" in text and "wall_seconds" not in text
+
+
+def test_columns_can_show_capacity_and_wall_time(trace):
+    lines = ok("replay", trace, "--max-total-tokens", "48k", "--quiet", "--columns",
+               "num_blocks,capacity_tokens,wall_seconds").splitlines()
+    assert lines[0].split("|")[1:4] == [" num_blocks ", " cap_tokens ", " wall_seconds "]
+    assert lines[2].split("|")[1:3] == ["      3,000 ", "     48,000 "]
+    cluster = ok("cluster", trace, "--num-blocks", "3000", "--instances", "2", "--format", "csv",
+                 "--columns", "num_blocks,capacity_tokens,capacity_gib").splitlines()
+    assert cluster[0] == "num_blocks,capacity_tokens,capacity_gib" and cluster[1].startswith("3000,48000,")
