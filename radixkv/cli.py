@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import warnings
 from typing import Callable, Optional
@@ -16,11 +17,15 @@ import click
 
 from . import policies
 from .cache import PrefixCache
+from .capacity import describe, parse_capacity, resolve_blocks
 from .errors import ArgumentValueError, RadixKVError
+from .output import OUTPUT_FORMATS, pick_columns, render, to_json
 from .replay import ReplayResult, replay
 from .sources import TRACE_FORMATS, open_trace
 from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, MISS_REASONS
-from .traces import FORMATS, TraceReader
+
+TABLE_WIDTH = 100
+"""Default tables drop their rightmost default columns until they fit this many characters."""
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -45,23 +50,107 @@ def progress(total: Optional[int], quiet: bool, desc: str, unit: str = "req"):
                 mininterval=0.5, dynamic_ncols=True, file=sys.stderr)
 
 
-def format_table(rows: list, columns: list) -> str:
-    """A GitHub-markdown table of ``rows`` (dicts) restricted to ``columns``."""
-    def cell(v):
-        return f"{v:.4f}" if isinstance(v, float) else str(v)
+class RadixKVGroup(click.Group):
+    """The command group whose usage errors (bad option values, missing arguments) print one line,
+    ``radixkv: error: ...`` naming the option, like radixkv's own errors, and exit 2."""
 
-    cells = [[cell(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    lines += ["| " + " | ".join(v.rjust(w) for v, w in zip(row, widths)) + " |" for row in cells]
-    return "\n".join(lines)
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.ClickException as exc:
+            message = " ".join(exc.format_message().split())
+            click.echo(f"radixkv: error: {message}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("radixkv: error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
-def to_json(value: object) -> str:
-    """``value`` as strict JSON: a NaN or infinity raises ValueError (exit 2) rather than print
-    ``NaN``, which JSON parsers other than Python's refuse."""
-    return json.dumps(value, allow_nan=False)
+def output_options(fn: Callable) -> Callable:
+    """``--format`` (output table|md|csv|json, or a trace format for compatibility), ``--trace-format``,
+    ``--json`` (= ``--format json``) and ``--columns``."""
+    fn = click.option("--columns", default=None, metavar="A,B,...",
+                      help="Table columns to show (any key of the JSON output, e.g. wall_seconds).")(fn)
+    fn = click.option("--json", "as_json", is_flag=True, help="Same as --format json.")(fn)
+    fn = click.option("--trace-format", "trace_fmt", type=click.Choice(TRACE_FORMATS), default=None,
+                      help="Trace format (default: detect).")(fn)
+    return click.option("--format", "fmt", type=click.Choice(OUTPUT_FORMATS + TRACE_FORMATS), default=None,
+                        help="Output: table (default), md, csv or json. (A trace format name here is the "
+                             "older spelling of --trace-format.)")(fn)
+
+
+def formats(fmt: Optional[str], trace_fmt: Optional[str], as_json: bool) -> tuple:
+    """(output format, trace format) from ``--format``, ``--trace-format`` and ``--json``."""
+    if fmt in TRACE_FORMATS:
+        if trace_fmt not in (None, fmt):
+            raise ArgumentValueError(f"--format {fmt} and --trace-format {trace_fmt} disagree")
+        fmt, trace_fmt = None, fmt
+    if as_json and fmt not in (None, "json"):
+        raise ArgumentValueError(f"--json and --format {fmt} disagree")
+    return ("json" if as_json else fmt or "table"), trace_fmt
+
+
+def fit_columns(rows: list, columns: list, explicit: bool) -> list:
+    """``columns``, less the rightmost ones while the table is wider than :data:`TABLE_WIDTH`
+    (never when the user chose them)."""
+    columns = list(columns)
+    def width() -> int:
+        return max(map(len, render(rows, columns, "table").splitlines()))
+
+    while not explicit and len(columns) > 2 and width() > TABLE_WIDTH:
+        columns.pop()
+    return columns
+
+
+def show(rows: list, columns: list, fmt: str, spec: Optional[str]) -> None:
+    """Print ``rows`` in ``fmt``: the default ``columns`` fitted to the width, or those of ``--columns``."""
+    chosen = pick_columns(spec, columns, rows)
+    click.echo(render(rows, chosen if fmt != "table" else fit_columns(rows, chosen, bool(spec)), fmt))
+
+
+def capacity_options(what: str) -> Callable:
+    """``--num-blocks`` / ``--max-total-tokens`` / ``--kv-cache-memory``: one size, three units."""
+    def decorate(fn: Callable) -> Callable:
+        fn = click.option("--kv-cache-memory", default=None, metavar="BYTES",
+                          help=f"{what} as KV bytes of --model, e.g. 40GiB or 40GB (vLLM's "
+                               "--kv-cache-memory-bytes).")(fn)
+        fn = click.option("--max-total-tokens", default=None, metavar="TOKENS",
+                          help=f"{what} in tokens, e.g. 3000000 or 3M (SGLang's --max-total-tokens).")(fn)
+        return click.option("--num-blocks", default=None, metavar="BLOCKS",
+                            help=f"{what} in blocks (pages), e.g. 187500 or 187.5k. Give exactly one of "
+                                 "the three.")(fn)
+    return decorate
+
+
+CAPACITY_FLAGS = ("--num-blocks", "--max-total-tokens", "--kv-cache-memory")
+
+
+def cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size: int, model: str) -> int:
+    """The capacity options as blocks (errors name the flag)."""
+    return resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens, kv_cache_memory=kv_cache_memory,
+                          page_size=page_size, model=model, names=CAPACITY_FLAGS)
+
+
+def tier_blocks(flag: str, text: str, page_size: int, model: str) -> int:
+    """A lower tier's size: ``0`` (none), or blocks / tokens (``3Mtok``) / bytes (``64GiB``)."""
+    if str(text).strip() == "0":
+        return 0
+    return parse_capacity(text, page_size=page_size, model=model, name=flag)
+
+
+def capacity_line(num_blocks: int, page_size: int, model: Optional[str]) -> str:
+    """``187,500 blocks = 3,000,000 tokens = 366.2 GiB of llama-3-8b KV``."""
+    size = describe(num_blocks, page_size, model)
+    gib = f" = {size['capacity_gib']:,.1f} GiB of {model} KV" if model else ""
+    return f"{num_blocks:,} blocks = {size['capacity_tokens']:,} tokens{gib}"
+
+
+def with_capacity(row: dict, model: Optional[str]) -> dict:
+    """``row`` plus ``capacity_tokens`` (and ``capacity_gib`` with a model) for a table."""
+    return {**row, **describe(row["num_blocks"], row["page_size"], model)}
 
 
 def positive(ctx, param, value):
@@ -103,31 +192,30 @@ def miss_rows(result: dict) -> list:
                    for r in MISS_REASONS if r in misses]
 
 
-@click.group()
+@click.group(cls=RadixKVGroup)
 @click.version_option(package_name="radixkv")
 def main() -> None:
     """radixkv: prefix-cache simulation and replay for LLM KV caches."""
 
 
 @main.command("replay")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--num-blocks", required=True, type=int, callback=positive, help="Cache capacity in blocks (pages).")
-@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@capacity_options("HBM cache capacity")
+@output_options
 @click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Host-DRAM tier capacity in blocks (0: none).")
+@click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
+              help="Host-DRAM tier capacity: blocks, tokens (3Mtok) or bytes (64GiB); 0: none.")
 @click.option("--write-policy", default="write_back", show_default=True,
               type=click.Choice(["write_back", "write_through", "write_through_selective"]),
               help="How pages reach the lower tiers.")
 @click.option("--remote-hosts", default=0, show_default=True, type=click.IntRange(min=0),
               help="Simulated remote hosts (0: none).")
-@click.option("--remote-blocks", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Blocks per remote host.")
+@click.option("--remote-blocks", default="0", show_default=True, metavar="SIZE",
+              help="Capacity per remote host: blocks, tokens (3Mtok) or bytes (64GiB).")
 @click.option("--redis", "redis_urls", multiple=True, metavar="URL",
               help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
@@ -140,19 +228,25 @@ def main() -> None:
               help="With --kv-events-endpoint: answer vLLM-style replay requests here.")
 @cost_options
 @user_errors
-def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_json, quiet,
-               host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls, load_back,
-               records, kv_events_endpoint, kv_events_replay_endpoint, model, hardware, miss_reasons) -> None:
-    """Replay TRACE (token, Mooncake or ShareGPT) through one cache and report hit rates,
-    misses by reason and the prefill compute saved.
+def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
+               columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
+               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, model, hardware,
+               miss_reasons) -> None:
+    """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
+    cache and report hit rates, misses by reason and the prefill compute saved.
 
-    With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the JSON then
-    adds hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
+    Capacity: exactly one of --num-blocks, --max-total-tokens, --kv-cache-memory.
+    With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the table and
+    the JSON then add hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
     from .events_wire import publish_from
     from .tiers.config import build_cache
 
+    out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
+    num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
+    host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
+    remote_blocks = tier_blocks("--remote-blocks", remote_blocks, page_size, model)
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
-    reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
+    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
@@ -189,21 +283,25 @@ def replay_cmd(trace, policy, page_size, num_blocks, fmt, limit, skip_bad, as_js
                                                    "transfer_seconds", "recomputed_tokens", "integrity_misses",
                                                    "dropped_pages", "lost_pages")},
                    **tier_faults(cache.tiers))
-    if as_json:
-        click.echo(to_json(out))
+    if out_fmt == "json":
+        show([out], REPLAY_COLUMNS, out_fmt, columns)
+    elif out_fmt == "csv" or columns:
+        show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, columns)
     else:
-        click.echo(format_table([out], ["policy", "page_size", "num_blocks", "requests", "prompt_tokens",
-                                        "hit_tokens", "token_hit_rate", "evicted_blocks", "wall_seconds"]))
+        show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, None)
+        click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
+                   f"capacity: {capacity_line(num_blocks, page_size, model)}")
         if tiered:
             click.echo()
-            click.echo(format_table([tier_row(out)], TIER_COLUMNS))
+            show([tier_row(out)], TIER_COLUMNS, out_fmt, None)
+            click.echo(tier_traffic(out))
         if result.miss_tokens_by_reason:
             click.echo()
-            click.echo(format_table(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"]))
+            show(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
         click.echo(f"\nprefill saved: {result.prefill_flops_saved / 1e15:.4g} PFLOP, "
                    f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
-        if reader.skipped:
-            click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+    if reader.skipped and out_fmt != "json":
+        click.echo(f"skipped {reader.skipped} malformed lines", err=True)
     if tiered and (out["lost_hosts"] or out["backend_errors"]):
         click.echo(f"radixkv: warning: {fault_summary(out)}", err=True)
 
@@ -235,14 +333,22 @@ def tier_faults(tiers: list) -> dict:
             "last_backend_error": None if last is None else repr(last)[:200]}
 
 
-TIER_COLUMNS = ["hit_tokens_by_tier", "transfer_seconds", "recomputed_tokens", "integrity_misses",
-                "dropped_pages", "lost_pages", "lost_hosts", "backend_errors"]
+REPLAY_COLUMNS = ["policy", "num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate",
+                  "evicted_blocks", "request_hit_rate"]
+TIER_COLUMNS = ["hit_tokens_by_tier", "dropped_pages", "lost_pages", "lost_hosts", "backend_errors"]
 
 
 def tier_row(out: dict) -> dict:
     """The tier table's row of a replay's JSON: hits as ``hbm 4, host 4``, lost hosts counted."""
-    hits = ", ".join(f"{tier} {tokens}" for tier, tokens in out["hit_tokens_by_tier"].items())
+    hits = ", ".join(f"{tier} {tokens:,}" for tier, tokens in out["hit_tokens_by_tier"].items())
     return {**out, "hit_tokens_by_tier": hits, "lost_hosts": len(out["lost_hosts"])}
+
+
+def tier_traffic(out: dict) -> str:
+    """One line on what the lower tiers moved: bytes by link, transfer time, recomputes."""
+    links = ", ".join(f"{link} {moved / 2**30:,.3f}" for link, moved in (out.get("bytes_by_link") or {}).items())
+    return (f"moved GiB: {links or 'none'}; transfers {out['transfer_seconds']:.4g} s; "
+            f"{out['recomputed_tokens']:,} tokens recomputed; {out['integrity_misses']:,} integrity misses")
 
 
 def fault_summary(out: dict) -> str:
@@ -278,13 +384,15 @@ def kv_events_publisher(endpoint: Optional[str], replay_endpoint: Optional[str],
 @click.option("--out-dir", default="out", show_default=True, type=click.Path(file_okay=False),
               help="Where to write demo.jsonl (one line per run) and demo.png.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--format", "fmt", type=click.Choice(OUTPUT_FORMATS), default="table", show_default=True,
+              help="Output of the sweep table.")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+@click.option("--columns", default=None, metavar="A,B,...", help="Table columns to show.")
 @user_errors
-def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
+def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, columns) -> None:
     """Replay a generated mixed workload (chat, RAG, agents, shared prompts, scans) through every
     policy at five capacities, print the sweep table and plot hit rate against capacity (Belady
     is the ceiling). Needs no trace file and no server."""
-    import os
-
     from .generators import generate
     from .sweep import trace_curve
 
@@ -292,7 +400,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
     prompt_tokens = sum(len(r.tokens) for r in requests)
     pages = prompt_tokens // page_size
     capacities = sorted({max(1, pages // d) for d in (400, 150, 60, 25, 10)})
-    click.echo(f"trace: mix, {len(requests)} requests, {prompt_tokens} prompt tokens, seed {seed}")
+    click.echo(f"trace: mix, {len(requests):,} requests, {prompt_tokens:,} prompt tokens, seed {seed}")
     rows = []
     runs = [(p, c) for p in policies.available() for c in capacities]
     with progress(len(runs) * len(requests), quiet, "demo") as bar:
@@ -300,7 +408,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
             cache = PrefixCache(num_blocks=capacity, page_size=page_size, policy=policy)
             result = replay(requests, cache, on_request=lambda r, h: bar.update(), miss_reasons=False)
             rows.append({"trace": f"mix(seed={seed})", **result.as_dict()})
-    click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
+    show(sweep_table_rows(rows, DEFAULT_MODEL), SWEEP_COLUMNS, formats(fmt, None, as_json)[0], columns)
     curve = trace_curve(requests, page_size, capacities)
     lru = [row["hit_tokens"] for row in rows if row["policy"] == "lru"]
     click.echo(f"one-pass LRU curve equals the LRU replays at {len(capacities)} capacities: {curve.hit_tokens == lru}")
@@ -309,19 +417,22 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet) -> None:
     try:
         from .plot import plot_results
 
-        png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=f"mix workload, page {page_size}")
+        title = (f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} "
+                 f"\u00b7 {DEFAULT_MODEL}")
+        png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=title,
+                           ceiling=curve.max_hit_tokens / max(curve.prompt_tokens, 1))
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')} and {png}")
     except RuntimeError as exc:  # matplotlib missing: the table is the demo
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')}; no plot: {exc}")
 
 
-SWEEP_COLUMNS = ["policy", "num_blocks", "requests", "hit_tokens", "token_hit_rate", "request_hit_rate",
-                 "evicted_blocks", "prefill_pflops_saved", "ttft_saving_seconds", "wall_seconds"]
+SWEEP_COLUMNS = ["policy", "num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate",
+                 "request_hit_rate", "ttft_saving_seconds", "evicted_blocks", "prefill_pflops_saved"]
 
 
-def sweep_table_rows(rows: list) -> list:
-    """Sweep rows with the table's derived column (prefill PFLOPs saved)."""
-    return [{**row, "prefill_pflops_saved": row["prefill_flops_saved"] / 1e15} for row in rows]
+def sweep_table_rows(rows: list, model: Optional[str]) -> list:
+    """Sweep rows with the table's derived columns (capacity in tokens and GiB, prefill PFLOPs saved)."""
+    return [{**with_capacity(row, model), "prefill_pflops_saved": row["prefill_flops_saved"] / 1e15} for row in rows]
 
 
 def named(option: str, parse: Callable, text: str):
@@ -338,82 +449,103 @@ def write_jsonl(rows: list, path: str) -> None:
             f.write(to_json(row) + "\n")
 
 
+CAPACITIES_HELP = ("Comma-separated capacities: blocks (1000, 10k), tokens (3Mtok), KV bytes of --model (40GiB) "
+                   "or shares of the trace's distinct pages (1%,5%,25%,100%).")
+
+
+def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> list:
+    """``--capacities`` as blocks; a share reads the trace once for its distinct pages."""
+    from .capacity import parse_capacities
+    from .sweep import distinct_pages
+
+    pages = functools.lru_cache(maxsize=None)(
+        lambda: distinct_pages(trace, page_size, mooncake=trace.format == "mooncake"))
+    return named("--capacities", lambda t: parse_capacities(t, page_size=page_size, model=model or DEFAULT_MODEL,
+                                                            distinct_pages=pages), text)
+
+
 @main.command("sweep")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--policies", "policy_list", default="lru", show_default=True,
               help="Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady.")
-@click.option("--capacities", required=True, help="Comma-separated capacities in blocks; k/M/G suffixes (1k = 1000).")
+@click.option("--capacities", required=True, help=CAPACITIES_HELP)
 @click.option("--jobs", default=1, show_default=True, type=int, callback=positive,
               help="Parallel worker processes (each replays whole runs).")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@output_options
 @click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one JSON line per (policy, capacity) to this file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON lines instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @cost_options
 @user_errors
-def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, limit, skip_bad, output, as_json, quiet,
-              model, hardware, miss_reasons) -> None:
-    """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a markdown
-    table (and --output JSONL, one line per pair)."""
-    from .sweep import SweepJob, parse_capacities, parse_policies, run_sweep
+def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
+              output, quiet, model, hardware, miss_reasons) -> None:
+    """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
+    (and --output JSONL, one line per pair)."""
+    from .sweep import SweepJob, parse_policies, run_sweep
 
+    out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     names = named("--policies", parse_policies, policy_list)
-    caps = named("--capacities", parse_capacities, capacities)
-    open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)  # fail on a missing file before any work
-    jobs_list = [SweepJob(trace, p, c, page_size=page_size, format=fmt, limit=limit, skip_bad=skip_bad,
+    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)  # a missing file fails before any work
+    caps = cli_capacities(capacities, reader, page_size, model)
+    jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
                           model=model, hardware=hardware, miss_reasons=miss_reasons)
                  for p in names for c in caps]
     with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
         rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
+    if trace == "-":
+        rows = [{**row, "trace": "-"} for row in rows]
     if output:
         write_jsonl(rows, output)
-    if as_json:
-        for row in rows:
-            click.echo(to_json(row))
-    else:
-        click.echo(format_table(sweep_table_rows(rows), SWEEP_COLUMNS))
-        if rows and rows[0]["skipped_lines"]:
-            click.echo(f"skipped {rows[0]['skipped_lines']} malformed lines", err=True)
+    show(rows if out_fmt == "json" else sweep_table_rows(rows, model), SWEEP_COLUMNS, out_fmt, columns)
+    if rows and rows[0]["skipped_lines"] and out_fmt != "json":
+        click.echo(f"skipped {rows[0]['skipped_lines']} malformed lines", err=True)
 
 
 @main.command("curve")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--capacities", required=True, help="Comma-separated capacities in blocks; k/M/G suffixes (1k = 1000).")
-@click.option("--format", "fmt", type=click.Choice(TRACE_FORMATS), default=None, help="Trace format (default: detect).")
+@click.option("--capacities", required=True, help=CAPACITIES_HELP)
+@output_options
 @click.option("--limit", default=None, type=click.IntRange(min=0), help="Use only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
-@click.option("--json", "as_json", is_flag=True,
-              help='Last line: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}.')
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size the GiB column.")
 @user_errors
-def curve_cmd(trace, page_size, capacities, fmt, limit, skip_bad, as_json, quiet) -> None:
+def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model) -> None:
     """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
-    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each."""
-    from .sweep import parse_capacities, trace_curve
+    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each.
 
-    caps = named("--capacities", parse_capacities, capacities)
-    reader = open_trace(trace, fmt, limit=limit, skip_bad=skip_bad)
+    --format json prints one object: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}."""
+    from .costs import get_model
+    from .sweep import trace_curve
+
+    out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
+    get_model(model)
+    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    caps = cli_capacities(capacities, reader, page_size, model)
     with progress(bar_total(reader, quiet), quiet, "curve") as bar:
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
                             on_request=lambda r: bar.update())
-    if as_json:
+    rows = [{"num_blocks": c, "page_size": page_size, "hit_tokens": h, "token_hit_rate": r} for c, h, r in
+            zip(curve.capacities, curve.hit_tokens, curve.token_hit_rates)]
+    if out_fmt != "json":
+        if out_fmt == "table":
+            click.echo(f"{curve.requests:,} requests, {curve.prompt_tokens:,} prompt tokens, page size {page_size}; "
+                       f"no eviction at all: {curve.max_hit_tokens / max(curve.prompt_tokens, 1):.2%}")
+        show([with_capacity(row, model) for row in rows], CURVE_COLUMNS, out_fmt, columns)
+        if reader.skipped:
+            click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+    else:
         click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
                                "trace": trace, "skipped_lines": reader.skipped}))
-    else:
-        click.echo(f"{curve.requests} requests, {curve.prompt_tokens} prompt tokens, page size {page_size}; "
-                   f"no eviction at all: {curve.max_hit_tokens / max(curve.prompt_tokens, 1):.4f}")
-        click.echo(format_table([{"num_blocks": c, "hit_tokens": h, "token_hit_rate": r} for c, h, r in
-                                 zip(curve.capacities, curve.hit_tokens, curve.token_hit_rates)],
-                                ["num_blocks", "hit_tokens", "token_hit_rate"]))
-        if reader.skipped:
-            click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
+CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate"]
 
 
 @main.command("plot")
@@ -473,11 +605,11 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 
 
 @main.command("cluster")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--instances", default=4, show_default=True, type=int, callback=positive, help="Serving instances.")
-@click.option("--num-blocks", required=True, type=int, callback=positive, help="HBM blocks per instance.")
-@click.option("--host-blocks", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Host-tier blocks per instance (0: none).")
+@capacity_options("HBM capacity per instance")
+@click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
+              help="Host-tier capacity per instance: blocks, tokens (3Mtok) or bytes (64GiB); 0: none.")
 @click.option("--routing", default="round_robin", show_default=True,
               type=click.Choice(["round_robin", "least_loaded", "cache_aware"]), help="Request routing.")
 @click.option("--borrowing/--no-borrowing", default=False, show_default=True,
@@ -488,27 +620,35 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
               help="Share of its blocks a creditor keeps free.")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="Trace format (default: detect).")
-@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@output_options
+@click.option("--limit", type=click.IntRange(min=0), default=None, help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size --kv-cache-memory.")
+@click.option("--quiet", is_flag=True, help="Accepted like the other commands' (cluster shows no progress bar).")
 @user_errors
-def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, lend_cap, low_watermark,
-                policy, page_size, fmt, limit, skip_bad, as_json) -> None:
+def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
+                lend_cap, low_watermark, policy, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
+                model, quiet) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
     from .cluster import Cluster, routes_ahead
 
     if policies.create(policy).offline and not routes_ahead(routing, instances):
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
+    out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
+    num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
+    host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
-    out = cluster.replay(TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)).as_dict()
-    if as_json:
-        click.echo(json.dumps(out))
-    else:
-        click.echo(format_table([out], ["routing", "borrowing", "instances", "num_blocks", "requests",
-                                        "hit_tokens", "token_hit_rate", "bytes_lent", "wall_seconds"]))
+    out = cluster.replay(open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)).as_dict()
+    row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
+    show([row], CLUSTER_COLUMNS, out_fmt, columns)
+    if out_fmt == "table":
+        click.echo(f"\ncapacity per instance: {capacity_line(num_blocks, page_size, model)}")
+
+
+CLUSTER_COLUMNS = ["routing", "borrowing", "instances", "num_blocks", "capacity_tokens", "hit_tokens",
+                   "token_hit_rate", "bytes_lent"]
 
 
 def result_row(result: ReplayResult) -> dict:

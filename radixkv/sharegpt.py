@@ -52,6 +52,7 @@ import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from .tokenizer import tokenize
+from .tracefiles import open_binary, read_all
 from .traces import TOKEN_DTYPE, Request, brief, json_lines
 
 ROLE_MARKERS = {
@@ -188,7 +189,7 @@ def _conversations(path: str, tokenizer: Tokenize,
 
 def _first_char(path: str) -> str:
     """The first character that is not whitespace (nor a byte order mark), or ``""``."""
-    with open(path, "rb") as handle:
+    with open_binary(path) as handle:
         while True:
             chunk = handle.read(4096)
             if not chunk:
@@ -200,8 +201,7 @@ def _first_char(path: str) -> str:
 
 def _read_text(path: str) -> str:
     """The whole file as text (a BOM dropped); invalid UTF-8 is a :class:`TraceFormatError` naming its line."""
-    with open(path, "rb") as handle:
-        data = handle.read()
+    data = read_all(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

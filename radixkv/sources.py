@@ -23,6 +23,7 @@ import os
 from typing import Iterator, Optional
 
 from .errors import ArgumentValueError, TraceFormatError
+from .tracefiles import compression, open_binary, read_lines, resolve
 from .traces import FORMATS, Request, TraceReader
 
 TRACE_FORMATS = FORMATS + ("sharegpt",)
@@ -79,7 +80,7 @@ class Trace:
         if self.format == "sharegpt" or os.path.getsize(self.path) > _COUNT_LINES_MAX_BYTES:
             return self.limit
         lines = 0
-        with open(self.path, "rb") as f:
+        with open_binary(self.path) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 lines += chunk.count(b"\n")
         return lines if self.limit is None else min(lines, self.limit)
@@ -93,21 +94,20 @@ def detect_format(path: str) -> str:
     Mooncake; anything else is read as token JSONL (whose reader then names
     what is wrong).
     """
-    with open(path, "rb") as f:
-        for raw in f:
-            # Undecodable bytes only need to be told apart here; the reader names their line.
-            text = raw.decode("utf-8-sig", errors="replace").strip()
-            if not text:
-                continue
-            try:
-                record = json.loads(text)
-            except (ValueError, RecursionError):  # a JSON list spread over lines is ShareGPT's release layout
-                return "sharegpt" if text.startswith("[") else "tokens"
-            if isinstance(record, list) and record:
-                record = record[0]
-            if isinstance(record, dict) and ("conversations" in record or "messages" in record):
-                return "sharegpt"
-            return "mooncake" if isinstance(record, dict) and "hash_ids" in record else "tokens"
+    for raw in read_lines(path):
+        # Undecodable bytes only need to be told apart here; the reader names their line.
+        text = raw.decode("utf-8-sig", errors="replace").strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except (ValueError, RecursionError):  # a JSON list spread over lines is ShareGPT's release layout
+            return "sharegpt" if text.startswith("[") else "tokens"
+        if isinstance(record, list) and record:
+            record = record[0]
+        if isinstance(record, dict) and ("conversations" in record or "messages" in record):
+            return "sharegpt"
+        return "mooncake" if isinstance(record, dict) and "hash_ids" in record else "tokens"
     return "tokens"
 
 
@@ -126,11 +126,14 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
     Raises:
         ValueError: an unknown format or a bad ``limit``.
         OSError: the file cannot be read.
+
+    ``path`` may be gzip- or zstd-compressed, or ``"-"`` for standard input (:mod:`radixkv.tracefiles`).
     """
-    path = os.fspath(path)
+    path = resolve(os.fspath(path))  # "-": standard input, copied once
     if format is not None and format not in TRACE_FORMATS:
         raise ArgumentValueError(f"format must be one of {TRACE_FORMATS}, got {format!r}")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
+    compression(path)  # unreadable, or misnamed compression: fail before anything else
     fmt = format or detect_format(path)
     return Trace(path, fmt, limit, skip_bad, {"num_sessions": num_sessions, "request_rate": request_rate})

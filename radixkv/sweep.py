@@ -9,48 +9,21 @@ per-capacity LRU replays.
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import policies
 from .cache import PrefixCache
+from .capacity import parse_capacities, parse_capacity  # noqa: F401  (re-exported: sweep's capacities)
 from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_ids
 from .errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from .sources import open_trace
 from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .traces import MOONCAKE_BLOCK_TOKENS, Request
-
-_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-_CAPACITY = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kKmMgG]?)\s*")
-
-
-def parse_capacity(text: str) -> int:
-    """A capacity in blocks from ``"1000"``, ``"10k"``, ``"1.5M"`` or ``"2G"`` (decimal: k = 1000).
-
-    Raises ValueError naming the text unless it is a whole number of blocks > 0.
-    """
-    match = _CAPACITY.fullmatch(str(text))
-    if match is None:
-        raise ArgumentValueError(f"capacity must be a number of blocks like 1000, 10k or 1.5M, got {text!r}")
-    value = float(match.group(1)) * _SUFFIXES[match.group(2).lower()]
-    if value != int(value):
-        raise ArgumentValueError(f"capacity must be a whole number of blocks, got {text!r} = {value:g}")
-    if value <= 0:
-        raise ArgumentValueError(f"capacity must be > 0 blocks, got {text!r}")
-    return int(value)
-
-
-def parse_capacities(text: str) -> List[int]:
-    """Comma-separated capacities (see :func:`parse_capacity`), in the order given."""
-    items = [item for item in str(text).split(",") if item.strip()]
-    if not items:
-        raise ArgumentValueError(f"capacities must list at least one capacity, got {text!r}")
-    return [parse_capacity(item) for item in items]
 
 
 def parse_policies(text: str) -> List[str]:
@@ -132,30 +105,52 @@ def trace_curve(requests: Iterable[Request], page_size: int, capacities: Sequenc
     """LRU hit tokens at every capacity from one pass over ``requests`` (:mod:`radixkv.curve`).
 
     Equal, capacity by capacity, to ``replay`` through ``PrefixCache(c, page_size, "lru")``.
+    Pages are identified as :func:`_page_ids` says (``mooncake=True``: by Mooncake block
+    ids, one dict lookup per 512 tokens). The curve does not model namespaces: a
+    request with one raises ValueError.
+    """
+    stack = LruStackDistances(page_size)
+    for i, (request, ids) in enumerate(_page_ids(requests, page_size, mooncake)):
+        if request.namespace is not None:
+            raise ArgumentValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
+                                     "does not model namespaces (use radixkv sweep)")
+        stack.add(ids, len(request.tokens))
+        if on_request is not None:
+            on_request(request)
+    return stack.result(capacities)
+
+
+def distinct_pages(requests: Iterable[Request], page_size: int, *, mooncake: bool = False) -> int:
+    """Distinct full pages of ``requests`` (per namespace): the capacity at which nothing is ever
+    evicted, the 100% of ``--capacities 25%``. One pass, the page ids of :func:`trace_curve`."""
+    seen: set = set()
+    for request, ids in _page_ids(requests, page_size, mooncake):
+        seen.update(zip([request.namespace] * len(ids), ids.tolist()))
+    return len(seen)
+
+
+def _page_ids(requests: Iterable[Request], page_size: int, mooncake: bool) -> Iterator[Tuple[Request, np.ndarray]]:
+    """Each request with its full pages' ids (equal ids: equal prefixes within a namespace).
+
     With ``mooncake=True`` (tokens expanded from Mooncake hash ids, as
     :class:`~radixkv.traces.TraceReader` does) and ``page_size`` dividing 512,
     pages are identified from the block ids (one dict lookup per 512 tokens);
     otherwise by interning every page's token prefix (one dict lookup and
-    ``page_size * 4`` bytes per page). The curve does not model namespaces: a
-    request with one raises ValueError.
+    ``page_size * 4`` bytes per page).
     """
-    stack = LruStackDistances(page_size)
     by_blocks = mooncake and MOONCAKE_BLOCK_TOKENS % page_size == 0
-    interner = None if by_blocks else PageInterner(page_size)
+    interners: dict = {}
     blocks: dict = {}
-    for i, request in enumerate(requests):
-        if request.namespace is not None:
-            raise ArgumentValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
-                                     "does not model namespaces (use radixkv sweep)")
+    for request in requests:
         tokens = request.tokens
         if by_blocks:
             parent, block_ids = -1, []
             for h in (np.asarray(tokens[::MOONCAKE_BLOCK_TOKENS]) // MOONCAKE_BLOCK_TOKENS).tolist():
-                parent = blocks.setdefault((parent, h), len(blocks))
+                parent = blocks.setdefault((request.namespace, parent, h), len(blocks))
                 block_ids.append(parent)
-            stack.add(mooncake_page_ids(block_ids, len(tokens), page_size), len(tokens))
+            yield request, mooncake_page_ids(block_ids, len(tokens), page_size)
         else:
-            stack.add(interner.ids(tokens), len(tokens))
-        if on_request is not None:
-            on_request(request)
-    return stack.result(capacities)
+            interner = interners.get(request.namespace)
+            if interner is None:
+                interner = interners[request.namespace] = PageInterner(page_size)
+            yield request, interner.ids(tokens)

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .errors import ArgumentValueError, TraceFormatError
+from .tracefiles import compression, read_lines, resolve
 
 MOONCAKE_BLOCK_TOKENS = 512
 TOKEN_DTYPE = np.uint32
@@ -73,13 +74,12 @@ class TraceReader:
             raise ArgumentValueError(f"format must be one of {FORMATS}, got {format!r}")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
             raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
-        self.path = str(path)
+        self.path = resolve(str(path))
         self.format = format
         self.limit = limit
         self.skip_bad = skip_bad
         self.skipped = 0
-        with open(self.path, "rb"):  # fail now, not at first iteration, if unreadable
-            pass
+        compression(self.path)  # fail now, not at first iteration, if unreadable
 
     def __iter__(self) -> Iterator[Request]:
         self.skipped = 0
@@ -126,31 +126,30 @@ def json_lines(path: str, *, skip_bad: bool = False,
     ``skip_bad`` it is passed to ``on_skip`` instead and left out. A UTF-8 byte
     order mark before the first line is ignored. ``NaN`` and ``Infinity``
     decode as floats: the field checks refuse them where a number must be
-    finite. Cost: O(bytes).
+    finite. ``path`` may be gzip- or zstd-compressed (:mod:`radixkv.tracefiles`). Cost: O(bytes).
     """
-    with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
+    for lineno, raw in enumerate(read_lines(path), 1):
+        try:
             try:
-                try:
-                    line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-                except UnicodeDecodeError as exc:
-                    raise TraceFormatError(path, lineno, f"invalid UTF-8 at byte {exc.start} of the line") from None
-                if not line.strip():
-                    continue
-                try:
-                    value = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg}") from None
-                except (ValueError, RecursionError) as exc:  # a 5000-digit number, 100000 nested lists
-                    reason = str(exc)[:80] or type(exc).__name__
-                    raise TraceFormatError(path, lineno, f"invalid JSON: {reason}") from None
-            except TraceFormatError as exc:
-                if not skip_bad:
-                    raise
-                if on_skip is not None:
-                    on_skip(exc)
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(path, lineno, f"invalid UTF-8 at byte {exc.start} of the line") from None
+            if not line.strip():
                 continue
-            yield lineno, value
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg}") from None
+            except (ValueError, RecursionError) as exc:  # a 5000-digit number, 100000 nested lists
+                reason = str(exc)[:80] or type(exc).__name__
+                raise TraceFormatError(path, lineno, f"invalid JSON: {reason}") from None
+        except TraceFormatError as exc:
+            if not skip_bad:
+                raise
+            if on_skip is not None:
+                on_skip(exc)
+            continue
+        yield lineno, value
 
 
 def brief(value: object) -> str:

@@ -72,7 +72,7 @@ def test_curve_json_last_line_equals_replays(small_trace):
                                    for c in curve["capacities"]]
     assert curve["prompt_tokens"] == sum(len(r.tokens) for r in requests)
     table = ok("curve", small_trace, "--capacities", "1k,10k")
-    assert "| num_blocks" in table and "10000" in table
+    assert "| num_blocks" in table and "10,000" in table  # thousands separators in tables
 
 
 def test_curve_of_a_token_trace(tmp_path):
