@@ -192,9 +192,12 @@ class AbortMachine(RuleBasedStateMachine):
     matches, locks and pins in between: every page a request is served reads back its own bytes,
     unless an open admission has not written it yet; ``check()`` after every step."""
 
+    policy = "lru"
+
     def __init__(self) -> None:
         super().__init__()
-        self.cache = PrefixCache(num_blocks=10, page_size=PS, kv_shape=KV, dtype="float16", enable_events=True)
+        self.cache = PrefixCache(num_blocks=10, page_size=PS, kv_shape=KV, dtype="float16", enable_events=True,
+                                 policy=self.policy)
         self.open = []     # (admission, tokens)
         self.locks = []
         self.stale = {}    # block -> True while an open admission has not written it
@@ -263,3 +266,14 @@ class AbortMachine(RuleBasedStateMachine):
 
 AbortMachine.TestCase.settings = settings(stateful_step_count=30)
 test_abort_machine = AbortMachine.TestCase
+
+
+class AbortMachineWithHistory(AbortMachine):
+    """The same under a policy whose hooks walk up to the namespace root (2Q's ghost keys pages by
+    namespace): an abort must run them before it cuts the subtree."""
+
+    policy = "2q"
+
+
+AbortMachineWithHistory.TestCase.settings = settings(stateful_step_count=30, max_examples=30)
+test_abort_machine_with_history = AbortMachineWithHistory.TestCase
