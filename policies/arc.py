@@ -31,8 +31,9 @@ capacity, ARC's ``|B1| + |B2| <= c``); ``|B1|``, ``|B2|`` are counted in
 pages.
 
 Cost: O(1) per hook plus the ghost (O(1) per evicted run, a walk to the root
-for the namespace); state per node (a 6-tuple), nothing per page; the ghost
-~200 bytes per remembered run.
+for the namespace). Memory: a 6-tuple per node, nothing per page; the ghost
+holds at most one run per cached page's worth of capacity (~200 bytes per
+run), so at most ~200 bytes per cached page, far less when runs are long.
 
 Source: Megiddo & Modha, "ARC: a self-tuning, low overhead replacement
 cache" (FAST'03).
