@@ -115,8 +115,7 @@ def test_run_history_is_bounded_in_pages_and_reports_what_it_drops():
     cache = PrefixCache(num_blocks=8, page_size=1, policy="lru")
     for tokens in ([1, 2, 3], [4, 5], [6, 7]):
         cache.admit(tokens).release()
-    nodes = {node.first: node for _, node in cache._tree.nodes_with_depth()} if hasattr(cache._tree, "nodes_with_depth") \
-        else {node.first: node for node in cache._tree.nodes()}
+    nodes = {node.first: node for node in cache._tree.nodes()}
     a, b, c = (nodes[np.array([t], dtype=np.uint32).tobytes()] for t in (1, 4, 6))
     history.remember(a, 0, 3, "a")
     history.remember(b, 0, 2, "b")
