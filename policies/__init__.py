@@ -19,6 +19,8 @@ s3fifo     small probationary FIFO + main FIFO with reinsertion + ghost
 gdsf       Greedy-Dual-Size-Frequency on prefill restore cost (alias ``cost``)
 adaptive   per-class retention windows learned from observed reuse gaps
 2q         reused pages (ghost-remembered too) outrank first uses for a learned window
+arc        ARC: LRU lists of pages used once / again, split by ghost hits
+lirs       largest max(last reuse interval, age) first, with a ghost
 belady     offline optimum with bypass (needs the future; replay provides it)
 =========  ===================================================================
 """
@@ -30,18 +32,20 @@ from typing import Dict, List, Type, Union
 from radixkv.errors import ArgumentTypeError, ArgumentValueError, UnknownPolicyError
 
 from .adaptive import AdaptiveRetention
+from .arc import ARC
 from .base import EvictionPolicy
 from .belady import Belady
 from .fifo import FIFO
 from .gdsf import GDSF
 from .lfu import LFU
+from .lirs import LIRS
 from .lru import LRU
 from .s3fifo import S3FIFO
 from .sieve import SIEVE
 from .slru import SLRU
 from .twoq import TwoQ
 
-_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, TwoQ, Belady)
+_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, TwoQ, ARC, LIRS, Belady)
 _REGISTRY: Dict[str, Type[EvictionPolicy]] = {}
 _ALIASES: Dict[str, str] = {}
 
@@ -83,5 +87,5 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
     return resolve(policy)(**options)
 
 
-__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "Belady",
+__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "ARC", "LIRS", "Belady",
            "available", "create", "register", "resolve"]

@@ -70,6 +70,11 @@ EXPECTED_ORDERS = {
     "adaptive": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
     # window 0 until a protected page is used again: LRU
     "2q": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
+    # T1 (used once): [3] t1, [7] t6; T2: [5,6] t5, [4] and [1,2] t7; target p = 0: T1 first, LRU in each
+    "arc": [[1, 2, 3], [7], [5, 6], [5], [1, 2, 4], [1, 2], [1]],
+    # no reuse interval ([3], [7]) first, oldest first; then max(interval, age) at t7:
+    # [4] max(5, 0), [1,2] max(5, 0), [5,6] max(1, 2)
+    "lirs": [[1, 2, 3], [7], [1, 2, 4], [1, 2], [1], [5, 6], [5]],
 }
 
 
