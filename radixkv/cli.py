@@ -486,6 +486,8 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
               help="Share of its blocks an instance may lend.")
 @click.option("--low-watermark", default=0.05, show_default=True, type=click.FloatRange(0, 1),
               help="Share of its blocks a creditor keeps free.")
+@click.option("--lending", default="free", show_default=True, type=click.Choice(["free", "value"]),
+              help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="Trace format (default: detect).")
@@ -493,7 +495,7 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (last line) instead of a table.")
 @user_errors
-def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, lend_cap, low_watermark,
+def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, lend_cap, low_watermark, lending,
                 policy, page_size, fmt, limit, skip_bad, as_json) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
     from .cluster import Cluster, routes_ahead
@@ -502,7 +504,7 @@ def cluster_cmd(trace, instances, num_blocks, host_blocks, routing, borrowing, l
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
-                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
+                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
     out = cluster.replay(TraceReader(trace, fmt, limit=limit, skip_bad=skip_bad)).as_dict()
     if as_json:
         click.echo(json.dumps(out))
