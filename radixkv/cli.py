@@ -618,6 +618,8 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
               help="Share of its blocks an instance may lend.")
 @click.option("--low-watermark", default=0.05, show_default=True, type=click.FloatRange(0, 1),
               help="Share of its blocks a creditor keeps free.")
+@click.option("--lending", default="free", show_default=True, type=click.Choice(["free", "value"]),
+              help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
 @output_options
@@ -627,8 +629,8 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 @click.option("--quiet", is_flag=True, help="Accepted like the other commands' (cluster shows no progress bar).")
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
-                lend_cap, low_watermark, policy, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
-                model, quiet) -> None:
+                lend_cap, low_watermark, lending, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
+                skip_bad, model, quiet) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
     from .cluster import Cluster, routes_ahead
 
@@ -639,7 +641,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
-                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark)
+                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
     out = cluster.replay(open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)).as_dict()
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)

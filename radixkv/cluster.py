@@ -11,6 +11,11 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
 * a creditor refuses when its free blocks would fall below its low
   watermark, when its lend cap is reached, when it is unavailable, or when it
   is itself a debtor (no borrowing chains; a creditor does not borrow either);
+* with value lending (``lending="value"``, LRU) a creditor lends beyond its
+  free blocks: it evicts its own pages for a debtor while they are clearly
+  colder (on one cluster clock) than the page the debtor would lose, and
+  recalls only loans colder than its own pages; a page lent out is no longer
+  served by its creditor, and a borrowed hit is charged a network transfer;
 * a creditor short of memory recalls loans before serving a request: each
   borrowed page moves to another creditor with room (the new block is
   reserved before the copy) or is demoted to the debtor's next tier (host) or
@@ -27,6 +32,7 @@ bound of the least loaded) and replays traces.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -39,6 +45,8 @@ from .cache import Admission
 from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
+from .replay import pages_loaded
+from .stats import ReplayStats
 from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
 from .tiers.cache import TieredCache, stranded_copies
 from .tiers.host import HostTier
@@ -46,6 +54,9 @@ from .tiers.stack import TierStack
 from .tree import Node
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
+LENDING = ("free", "value")
+VALUE_POLICIES = ("lru",)
+"""Policies whose rank is a last-use time, comparable across instances on the cluster's clock."""
 
 
 def routes_ahead(routing: str, num_instances: int) -> bool:
@@ -141,7 +152,8 @@ class BorrowedTier(Tier):
             if node is None:  # gone with an earlier page's suffix
                 continue
             i = int(np.flatnonzero(node.ext.slots == slot)[0])
-            new = self.manager.borrow(self.debtor, 1, exclude=(creditor,))
+            value = self.manager.values[creditor].get(int(slot) - creditor * self.manager.stride)
+            new = self.manager.borrow(self.debtor, 1, exclude=(creditor,), value=value)
             if len(new):
                 if stack.has_payload:
                     self.manager.write(new, self.manager.read(np.array([slot], dtype=SLOT_DTYPE)))
@@ -226,8 +238,34 @@ class Instance:
         return f"Instance({self.index}, free={self.cache.num_free_blocks}, requests={self.requests})"
 
 
+def _timed(method):
+    """Add the wall time of an outermost manager call to ``self.seconds`` (nested calls count once)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._depth:
+            return method(self, *args, **kwargs)
+        self._depth = 1
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self._depth = 0
+    return wrapper
+
+
 class GlobalManager:
     """The debt ledger and creditor search (Infinite-LLM's gManager).
+
+    With ``by_value`` (lending decided by the value of memory, LRU only) a
+    creditor lends more than its free blocks: it also evicts its coldest pages
+    for a debtor while they are colder than the debtor's coldest page, the page
+    the debtor would otherwise lose. The instances share one clock
+    (:attr:`clock`, set by :class:`Cluster` before each request), so last-access
+    times compare across instances. Each loan keeps the value (last-use rank) of
+    the page it holds; a creditor short of memory recalls only loans colder
+    than its own coldest page (:meth:`Cluster.admit`) and evicts its own pages
+    for the rest.
 
     Args:
         instances: the cluster's instances (the list may be filled after construction).
@@ -235,10 +273,13 @@ class GlobalManager:
         lend_cap: share of an instance's blocks it may lend at once (0..1).
         low_watermark: share of its blocks a creditor keeps free; it refuses below.
         candidates: creditors asked per round.
+        by_value: lend the slots of pages colder than the debtor's (see above), not free blocks only.
+        lend_margin: with ``by_value``, how many times older than the debtor's page a creditor's page
+            must be to give up its slot (see :meth:`_bar`).
     """
 
     def __init__(self, instances: List[Instance], num_instances: int, stride: int, lend_cap: float,
-                 low_watermark: float, candidates: int) -> None:
+                 low_watermark: float, candidates: int, by_value: bool = False, lend_margin: float = 2.0) -> None:
         self.instances = instances
         self.lend_cap = lend_cap
         self.low_watermark = low_watermark
@@ -249,9 +290,21 @@ class GlobalManager:
         self.debt = np.zeros((n, n), dtype=np.int64)
         """``debt[d, c]``: blocks debtor ``d`` holds at creditor ``c``."""
         self.loans: List[Dict[int, int]] = [{} for _ in range(n)]
+        self.by_value = by_value
+        self.lend_margin = lend_margin
+        self.values: List[Dict[int, tuple]] = [{} for _ in range(n)]
+        """``values[c][block]``: rank (retention, last use) of the debtor's page held in a lent block."""
+        self.clock = 0
+        """The cluster's clock (requests served), shared by the instances when ``by_value``."""
+        self.seconds = 0.0
+        """Wall time spent in the manager (borrow, repay, recall, lendable)."""
+        self._depth = 0
+        self._lending: Optional[int] = None  # a creditor evicting for a loan: it must not borrow meanwhile
         self.blocks_lent = 0
         """Blocks lent, counted at each loan (monotonic)."""
         self.refusals = 0
+        self.evicted_to_lend = 0
+        """Creditor pages evicted to lend their slots (``by_value``)."""
         self.recalled = 0
         self.moved = 0
         self.demoted = 0
@@ -266,19 +319,45 @@ class GlobalManager:
     def owed(self, debtor: int) -> int:
         return int(self.debt[debtor].sum())
 
+    def coldest(self, index: int) -> Optional[tuple]:
+        """Rank (retention, last use) of instance ``index``'s coldest evictable HBM page, ``None`` if none. O(1) amortized."""
+        if index >= len(self.instances):  # still being built
+            return None
+        key = self.instances[index].cache._victims.peek_key()
+        return None if key is None else key[:2]
+
+    def _cap(self, creditor: int) -> int:
+        """Blocks ``creditor`` may still lend under the lend cap (negative once past it)."""
+        return int(self.lend_cap * self.instances[creditor].cache.num_blocks) - self.lent(creditor)
+
     def _room(self, creditor: int) -> int:
         inst = self.instances[creditor]
         cache = inst.cache
         floor = math.ceil(self.low_watermark * cache.num_blocks)
-        cap = int(self.lend_cap * cache.num_blocks) - self.lent(creditor)
-        return max(0, min(cache.num_free_blocks - floor, cap))
+        return max(0, min(cache.num_free_blocks - floor, self._cap(creditor)))
 
+    @_timed
     def lendable(self, debtor: int) -> int:
-        """Blocks creditors would lend ``debtor`` now (reported view). O(instances)."""
-        if self.lent(debtor):
+        """Blocks creditors would lend ``debtor`` now (reported view). O(instances).
+
+        ``by_value``: up to the lend cap of every creditor whose coldest page is
+        colder than the debtor's (what :meth:`borrow` will try), so the borrowed
+        tier asks; :meth:`borrow` gets what is really there.
+        """
+        if self.lent(debtor) or debtor == self._lending:
             return 0
-        return sum(self._room(c) for c in range(len(self.instances))
-                   if c != debtor and not self.owed(c) and self.instances[c].available)
+        value = self.coldest(debtor) if self.by_value else None
+        total = 0
+        for c in range(len(self.instances)):
+            if c == debtor or self.owed(c) or not self.instances[c].available:
+                continue
+            room = self._room(c)
+            if value is not None and not room:
+                cold = self.coldest(c)
+                if cold is not None and cold < self._bar(value):
+                    room = max(0, self._cap(c))
+            total += room
+        return total
 
     def creditors(self, debtor: int, exclude: Sequence[int] = ()) -> Iterator[List[int]]:
         """Candidate creditors, most reported-free first, in rounds of :attr:`candidates`."""
@@ -288,21 +367,33 @@ class GlobalManager:
         for i in range(0, len(order), self.candidates):
             yield order[i: i + self.candidates]
 
-    def borrow(self, debtor: int, n: int, exclude: Sequence[int] = ()) -> np.ndarray:
-        """Up to ``n`` slots lent to ``debtor``; refusals just move on (nobody waits). O(instances)."""
-        if n <= 0 or self.lent(debtor):  # a creditor does not borrow: no chains
+    @_timed
+    def borrow(self, debtor: int, n: int, exclude: Sequence[int] = (), value: Optional[tuple] = None) -> np.ndarray:
+        """Up to ``n`` slots lent to ``debtor``; refusals just move on (nobody waits).
+
+        ``value``: rank of the pages to hold (default: the debtor's coldest
+        page). With ``by_value`` a creditor past its free blocks evicts its own
+        pages colder than ``value`` to lend their slots. O(instances + pages
+        evicted x log pages).
+        """
+        if n <= 0 or self.lent(debtor) or debtor == self._lending:  # a creditor does not borrow: no chains
             return np.empty(0, dtype=SLOT_DTYPE)
+        if self.by_value and value is None:
+            value = self.coldest(debtor)
         parts = []
         got = 0
         for group in self.creditors(debtor, exclude):
             for c in group:
                 m = min(n - got, self._room(c)) if self.instances[c].available else 0
+                if self.by_value and value is not None and self.instances[c].available:
+                    m += self._evict_colder(c, min(n - got, self._cap(c)) - m, self._bar(value))
                 if m <= 0:
                     self.refusals += 1
                     continue
                 blocks = self.instances[c].cache.allocate(m)
                 for b in blocks.tolist():
                     self.loans[c][b] = debtor
+                    self.values[c][b] = value
                 self.debt[debtor, c] += m
                 self.blocks_lent += m
                 self.heartbeat(c)
@@ -312,11 +403,43 @@ class GlobalManager:
                     return np.concatenate(parts)
         return np.concatenate(parts) if parts else np.empty(0, dtype=SLOT_DTYPE)
 
+    def _bar(self, value: tuple) -> tuple:
+        """The rank a creditor's page must be below to be evicted for a debtor's page of rank ``value``.
+
+        Its age (clock ticks since last use) must exceed :attr:`lend_margin` x the
+        debtor page's: hysteresis, so instances under the same load do not trade
+        pages back and forth (each trade is a network copy and, on recall, a loss).
+        """
+        retention, used = value
+        return retention, self.clock - self.lend_margin * (self.clock - used)
+
+    def _evict_colder(self, creditor: int, n: int, value: tuple) -> int:
+        """Evict up to ``n`` of ``creditor``'s pages ranked below ``value``; return blocks freed. O(n log pages)."""
+        cache = self.instances[creditor].cache
+        victims = cache._victims
+        freed = 0
+        self._lending = creditor
+        try:
+            while freed < n:
+                cold = self.coldest(creditor)
+                if cold is None or not cold < value:
+                    break
+                got = cache.evict(min(n - freed, victims.peek().num_pages))  # a node's pages share its rank
+                if not got:
+                    break
+                freed += got
+        finally:
+            self._lending = None
+        self.evicted_to_lend += freed
+        return freed
+
+    @_timed
     def repay(self, debtor: int, slots: np.ndarray) -> None:
         """Give lent blocks back to their creditors."""
         for c, blocks in self._by_creditor(slots):
             for b in blocks.tolist():
                 del self.loans[c][b]
+                self.values[c].pop(b, None)
             self.debt[debtor, c] -= len(blocks)
             self.instances[c].cache.free(blocks)
 
@@ -333,9 +456,24 @@ class GlobalManager:
         for c, blocks, idx in self._by_creditor(slots, True):
             self.instances[c].cache.write(blocks, pages[idx])
 
-    def recall(self, creditor: int, n: int) -> int:
-        """Free up to ``n`` blocks lent by ``creditor``: move or demote the pages in them; return blocks freed."""
-        slots = list(self.loans[creditor].items())[:n]
+    @_timed
+    def recall(self, creditor: int, n: int, below: Optional[tuple] = None) -> int:
+        """Free up to ``n`` blocks lent by ``creditor``: move or demote the pages in them; return blocks freed.
+
+        ``below``: recall only loans whose page ranks below it, oldest loan
+        first, stopping at the first that does not (loans are made in rank
+        order, so this is nearly the coldest ones). O(n) plus the moves.
+        """
+        if below is None:
+            slots = list(self.loans[creditor].items())[:n]
+        else:
+            values = self.values[creditor]
+            slots = []
+            for block, debtor in self.loans[creditor].items():
+                v = values[block]
+                if len(slots) >= n or (v is not None and not v < below):
+                    break
+                slots.append((block, debtor))
         by_debtor: Dict[int, List[int]] = {}
         for block, debtor in slots:
             by_debtor.setdefault(debtor, []).append(creditor * self.stride + block)
@@ -368,6 +506,8 @@ class GlobalManager:
                 states = self.instances[c].cache._pool.states(blocks)
                 assert np.all(states == 1), f"instance {c} lent blocks that are not held"
         assert np.array_equal(counted, self.debt), "debt ledger differs from the loans held"
+        for c, loans in enumerate(self.loans):
+            assert self.values[c].keys() == loans.keys(), f"instance {c}: loan values differ from the loans"
         for i in range(n):
             assert not (self.debt[i].sum() and self.debt[:, i].sum()), f"instance {i} both borrows and lends"
 
@@ -385,6 +525,13 @@ class ClusterResult:
         blocks_lent / bytes_lent: blocks lent over the replay (counted per loan) and their bytes.
         blocks_recalled, blocks_moved, pages_demoted_on_recall, refusals: recall and refusal counts.
         bytes_by_link: bytes moved per link, summed over instances.
+        lending: ``"free"`` or ``"value"`` (see :class:`Cluster`); pages_evicted_to_lend: creditor
+            pages evicted to lend their slots.
+        borrowed_hit_tokens: tokens served from borrowed memory; borrowed_transfer_seconds: their
+            network transfer time (the cost model's ``borrowed`` path), charged per request.
+        ttft_saving_seconds: prefill time the hits saved, less every lower-tier load (borrowed included),
+            as :class:`~radixkv.replay.ReplayResult`.
+        manager_seconds / manager_us_per_request: wall time in the global manager, total and per request.
         wall_seconds: replay time.
     """
 
@@ -405,6 +552,13 @@ class ClusterResult:
     pages_demoted_on_recall: int
     refusals: int
     bytes_by_link: Dict[str, int]
+    lending: str
+    pages_evicted_to_lend: int
+    borrowed_hit_tokens: int
+    borrowed_transfer_seconds: float
+    ttft_saving_seconds: float
+    manager_seconds: float
+    manager_us_per_request: float
     wall_seconds: float
 
     def as_dict(self) -> dict:
@@ -425,6 +579,12 @@ class Cluster:
         borrowing: lend spare HBM between instances (Infinite-LLM).
         routing: ``"round_robin"``, ``"least_loaded"`` or ``"cache_aware"``.
         lend_cap, low_watermark, candidates: creditor rules (see :class:`GlobalManager`).
+        lending: ``"value"``: creditors also lend the slots of pages colder than the debtor's, and
+            recall only loans colder than their own pages (LRU only: its rank is a last-use time,
+            made comparable by one cluster clock); ``"free"``: free blocks only (Infinite-LLM's
+            rule; in a full prefix cache that is warm-up only, the default).
+        lend_margin: with value lending, how many times older than the debtor's page a creditor's
+            page must be to give up its slot (>= 1; see :meth:`GlobalManager._bar`).
         kv_shape, dtype: payloads (``None``: simulation only).
         load_back: as :class:`~radixkv.tiers.TieredCache` (default ``"always"``).
         balance: cache-aware routing considers only instances whose load (prefill tokens
@@ -435,7 +595,8 @@ class Cluster:
                  host_blocks: int = 0, borrowing: bool = False, routing: str = "round_robin",
                  lend_cap: float = 0.5, low_watermark: float = 0.05, candidates: int = 2,
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
-                 load_back: str = "always", balance: float = 0.1) -> None:
+                 load_back: str = "always", balance: float = 0.1, lending: str = "free",
+                 lend_margin: float = 2.0) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -451,11 +612,20 @@ class Cluster:
                                   f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
         if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
+        if lending not in LENDING:
+            raise TierConfigError(f"lending must be one of {', '.join(LENDING)}, got {lending!r}")
+        if lending == "value" and policy not in VALUE_POLICIES:
+            raise TierConfigError(f"lending='value' needs a policy whose rank is a last-use time "
+                                  f"({', '.join(VALUE_POLICIES)}), got policy {policy!r}")
+        if isinstance(lend_margin, bool) or not isinstance(lend_margin, (int, float)) or not lend_margin >= 1:
+            raise TierConfigError(f"lend_margin must be a number >= 1, got {lend_margin!r}")
+        self.lending = lending
         self.balance = balance
         self.routing = routing
         self.borrowing = bool(borrowing)
         self.instances: List[Instance] = []
-        self.manager = GlobalManager(self.instances, num_instances, num_blocks, lend_cap, low_watermark, candidates)
+        self.manager = GlobalManager(self.instances, num_instances, num_blocks, lend_cap, low_watermark, candidates,
+                                     by_value=self.borrowing and lending == "value", lend_margin=lend_margin)
         for i in range(num_instances):
             borrowed = BorrowedTier(self.manager, i) if borrowing else None
             tiers: List[Tier] = [t for t in (borrowed, HostTier(host_blocks, policy) if host_blocks else None) if t]
@@ -502,12 +672,16 @@ class Cluster:
         i = self.route(tokens, namespace)
         inst = self.instances[i]
         cache = inst.cache
-        if self.borrowing and self.manager.lent(i):
+        m = self.manager
+        if m.by_value:  # one clock: last-use times compare across instances
+            cache._clock = max(cache._clock, m.clock)
+        if self.borrowing and m.lent(i):
             cached = sum(cache.peek(tokens, namespace=namespace))
             short = len(tokens) // self.page_size - cached - cache.num_free_blocks
             if short > 0:
-                self.manager.recall(i, short)
+                m.recall(i, short, below=m.coldest(i) if m.by_value else None)
         admission = cache.admit(tokens, namespace=namespace)
+        m.clock = max(m.clock, cache.clock)
         inst.requests += 1
         inst.prefill_tokens += len(tokens) - admission.hit_tokens
         self.manager.heartbeat(i)
@@ -526,10 +700,24 @@ class Cluster:
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
             self._prepare(requests)
+        costs = self.instances[0].cache.cost_model
+        stats = ReplayStats(self.page_size, miss_reasons=False, tier_costs=costs)
+        lower = tuple(costs.tier_paths)
+        m = self.manager
+        seconds0 = m.seconds
         prompt = hits = count = 0
+        borrowed_seconds = 0.0
         for request in requests:
-            _, a = self.admit(request.tokens, namespace=request.namespace)
+            before = [inst.cache.hit_tokens_by_tier for inst in self.instances] if self.borrowing else None
+            i, a = self.admit(request.tokens, namespace=request.namespace)
             a.release()
+            loaded = None
+            if before is not None:  # any instance's tiers may move on a recall; only i's serve hits
+                loaded = pages_loaded(before[i], self.instances[i].cache.hit_tokens_by_tier, lower, self.page_size)
+                n = loaded.get("borrowed", 0)
+                if n:
+                    borrowed_seconds += stats.costs.transfer_seconds("borrowed", n * stats.costs.page_bytes)
+            stats.add(request, a.hit_tokens, len(a.new_blocks), 0, 0, loaded_pages=loaded)
             prompt += len(request.tokens)
             hits += a.hit_tokens
             count += 1
@@ -549,6 +737,10 @@ class Cluster:
             requests_by_instance=[inst.requests for inst in self.instances], blocks_lent=m.blocks_lent,
             bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
+            lending=self.lending, pages_evicted_to_lend=m.evicted_to_lend,
+            borrowed_hit_tokens=by_tier.get("borrowed", 0), borrowed_transfer_seconds=borrowed_seconds,
+            ttft_saving_seconds=stats.ttft_saving_seconds, manager_seconds=m.seconds - seconds0,
+            manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
             wall_seconds=time.perf_counter() - start)
 
     def crash(self, index: int) -> int:
