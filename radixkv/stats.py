@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Dict, Mapping, Optional, Union
 
+from cachetools import LRUCache
 import numpy as np
 
 from .costs import CostModel, HardwareSpec, ModelSpec, get_hardware, get_model, prefill_flops
@@ -113,7 +114,9 @@ class PrefixKeys:
         self._coef = self._odd(page_size)
         self._offset = self._odd(1)[0]
         self._depth = self._odd(1024)
-        self._salts: Dict[Optional[str], np.uint64] = {None: _U64(0)}
+        # The recent namespaces' salts: a bounded LRU map, so single-use namespaces (per-request
+        # salts) neither grow memory nor evict the busy tenants' salts wholesale.
+        self._salts: LRUCache = LRUCache(maxsize=_SALT_MEMO)
 
     def _odd(self, n: int) -> np.ndarray:
         return self._rng.integers(0, 1 << 63, size=n, dtype=np.uint64) * _U64(2) + _U64(1)
@@ -147,11 +150,11 @@ class PrefixKeys:
     def salt(self, namespace: Optional[str]) -> np.uint64:
         """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``). Memoized, boundedly:
         single-use namespaces must not grow memory without bound."""
+        if namespace is None:
+            return _U64(0)
         salt = self._salts.get(namespace)
         if salt is None:
             digest = hashlib.blake2b(str(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            if len(self._salts) >= _SALT_MEMO:
-                self._salts = {None: _U64(0)}
             salt = self._salts[namespace] = _U64(int.from_bytes(digest, "little"))
         return salt
 

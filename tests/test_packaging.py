@@ -45,3 +45,13 @@ def test_license_and_typing_marker_ship():
     assert "Apache License" in (ROOT / "LICENSE").read_text().splitlines()[0]
     assert (ROOT / "radixkv" / "py.typed").is_file()
     assert project["tool"]["setuptools"]["package-data"]["radixkv"] == ["py.typed"]
+
+
+def test_every_runtime_dependency_is_imported():
+    import re
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = [re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower().replace("-", "_") for d in deps]
+    sources = "\n".join(p.read_text() for d in ("radixkv", "policies") for p in (ROOT / d).rglob("*.py"))
+    for name in names:
+        assert re.search(rf"^\s*(import|from) {name}\b", sources, re.M), f"{name} is declared but never imported"
