@@ -766,8 +766,7 @@ class PrefixCache:
                         self._expiry.pop(node, None)
                     self._rank(node.parent)
         finally:
-            if dropped:
-                self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
+            self._pool.give_back_parts(dropped)
             self.evicted_blocks += freed
         return freed
 
