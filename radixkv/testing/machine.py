@@ -98,7 +98,8 @@ def make_state_machine(
 
     Args:
         factory: builds a fresh cache for each test case; a :class:`Target`'s
-            options are defaults that keyword arguments here override.
+            options are defaults that keyword arguments here override (those
+            that differ from this function's defaults; :func:`run_conformance` overrides with any).
         namespaces: namespaces requests are drawn from.
         alphabet: distinct token values (small = more shared prefixes).
         max_pages: longest sequence, in pages (plus up to a page of tail).
@@ -249,10 +250,7 @@ def make_state_machine(
         def _open(self, tokens: List[int], namespace: Optional[Hashable], fresh: bool) -> Optional[_Request]:
             """Match, lock the hit, allocate blocks for the rest (all pages if ``fresh``)."""
             m = self._match(tokens, namespace)
-            self.cache.lock(m.node)
-            entry = (m.node, namespace, tuple(tokens[: m.num_tokens]))
-            self.locks.append(entry)
-            self._observe("lock")
+            entry = self._lock(m, namespace, tokens)
             hit = [] if fresh else [int(b) for b in m.blocks]
             req = _Request(list(tokens), namespace, m.node, hit, [], entry)
             if not self._grow(req):
@@ -322,6 +320,16 @@ def make_state_machine(
             """A strict prefix of a sequence: matching it ends inside a cached run (splits a node)."""
             return base[: cut % (len(base) + 1)]
 
+        @precondition(lambda self: self.model)
+        @rule(target=sequences, index=st.integers(0, 1 << 16), pages=st.integers(0, max_pages),
+              tail=token_lists(alphabet=alphabet, min_size=1, max_size=2))
+        def cached_prefix(self, index: int, pages: int, tail: List[int]) -> List[int]:
+            """A strict whole-page prefix of a cached sequence plus a token or two: ends inside a cached run
+            (a locked one too), past any hit cap's last token."""
+            p = self.page_size
+            _, tokens = sorted(self.model, key=repr)[index % len(self.model)]
+            return list(tokens[: (pages % (len(tokens) // p)) * p]) + tail
+
         @rule(target=sequences, pair=shared_prefix_pairs(alphabet=alphabet, max_size=max_pages + 1))
         def shared_pair(self, pair: Tuple[List[int], List[int]]):
             return multiple(pair[0][: self.max_len], pair[1][: self.max_len])
@@ -333,10 +341,15 @@ def make_state_machine(
 
         @rule(tokens=sequences, namespace=st.sampled_from(namespace_choices))
         def lock_match(self, tokens: List[int], namespace: Optional[Hashable]) -> None:
-            m = self._match(tokens, namespace)
+            self._lock(self._match(tokens, namespace), namespace, tokens)
+
+        def _lock(self, m: Any, namespace: Optional[Hashable], tokens: Sequence[int]) -> Tuple:
+            """Lock a match's handle; returns the machine's entry for that lock."""
             self.cache.lock(m.node)
-            self.locks.append((m.node, namespace, tuple(tokens[: m.num_tokens])))
+            entry = (m.node, namespace, tuple(tokens[: m.num_tokens]))
+            self.locks.append(entry)
             self._observe("lock")
+            return entry
 
         @precondition(lambda self: self._free_locks())
         @rule(index=st.integers(0, 1 << 16))
@@ -350,6 +363,23 @@ def make_state_machine(
             """Indexes of the locks taken by ``lock_match`` (not by an open request)."""
             owned = {id(r.lock) for r in self.requests}
             return [i for i, entry in enumerate(self.locks) if id(entry) not in owned]
+
+        def _long_locks(self) -> List[int]:
+            return [i for i, (_, _, prefix) in enumerate(self.locks) if len(prefix) >= 2 * self.page_size]
+
+        @precondition(lambda self: self._long_locks())
+        @rule(index=st.integers(0, 1 << 16), pages=st.integers(1, max_pages),
+              tail=token_lists(alphabet=alphabet, min_size=1, max_size=2), lock=st.booleans())
+        def match_inside_lock(self, index: int, pages: int, tail: List[int], lock: bool) -> None:
+            """Match (and maybe lock) a strict prefix of a locked prefix: the match ends inside a locked run,
+            where a tree splits a node that holds locks."""
+            long = self._long_locks()
+            _, namespace, prefix = self.locks[long[index % len(long)]]
+            cut = 1 + (pages - 1) % (len(prefix) // self.page_size - 1)
+            tokens = list(prefix[: cut * self.page_size]) + tail
+            m = self._match(tokens, namespace)
+            if lock:
+                self._lock(m, namespace, tokens)
 
         @precondition(lambda self: unlock_raises)
         @rule(tokens=sequences, namespace=st.sampled_from(namespace_choices))
@@ -525,7 +555,10 @@ def run_conformance(target: Union[Factory, Target], *, max_examples: int = 100, 
     none). Saved examples are keyed by the target's name (a plain factory: where
     it was defined), so a failure kept for one cache never replays on another.
     """
-    machine = make_state_machine(target, **options)
+    if isinstance(target, Target):
+        machine = make_state_machine(target.factory, **{**dict(target.options), **options})
+    else:
+        machine = make_state_machine(target, **options)
     chosen = settings if settings is not None else conformance_settings(max_examples, step_count)
     inner = chosen.database if database is _UNSET else database
     keyed = _KeyedDatabase(inner, _target_name(target, options)) if inner is not None else None
