@@ -185,6 +185,10 @@ class EventContents:
             self._keys[h] = key
             self.pages[key] = int(blocks[i])
 
+    def tokens_of(self, page_hash: Any) -> Tuple[int, ...]:
+        """Every token from the start through the page with this hash."""
+        return self._keys[page_hash][1]
+
     def removed(self, hashes: Sequence[Any]) -> None:
         """Forget the pages with these hashes."""
         for h in hashes:

@@ -294,7 +294,7 @@ class SGLangUnifiedRadixCache(_SGLangCache):
     def _inserted(self, tokens, namespace, blocks, present) -> None:
         def start_of(ev):
             parent = ev.parent_block_hash
-            return 0 if parent is None else len(self.events._keys[parent][1]) // self.page_size
+            return 0 if parent is None else len(self.events.tokens_of(parent)) // self.page_size
         self._drain((namespace, [int(b) for b in blocks], start_of))
 
     def allocate(self, n):
