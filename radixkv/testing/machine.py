@@ -427,7 +427,7 @@ def make_state_machine(
             """An open request grows by generated tokens; pages it completes get blocks (if there is room)."""
             req = self._pick(index)
             before = list(req.tokens)
-            req.tokens = (req.tokens + suffix)[: self.max_len]
+            req.tokens = req.tokens + suffix[: max(0, self.max_len - len(req.tokens))]  # never shorter
             if not self._grow(req):
                 req.tokens = before
             self.requests.append(req)
