@@ -93,6 +93,7 @@ def make_state_machine(
     reserved_blocks: Collection[int] = (),
     unlock_raises: bool = True,
     churn_namespaces: int = 3,
+    prefix_closed: bool = True,
 ) -> Type[RuleBasedStateMachine]:
     """A ``RuleBasedStateMachine`` class that checks the cache ``factory()`` builds.
 
@@ -128,6 +129,9 @@ def make_state_machine(
             turn off for caches that trust their caller (SGLang, vLLM): that rule is then not run.
         churn_namespaces: extra namespaces (``"churn-0"``, ...) that requests
             cycle through, so pages of many namespaces compete for blocks; 0 turns it off.
+        prefix_closed: what stays cached is prefix-closed (a page's predecessor is
+            cached too); turn off for caches whose eviction may drop a page before
+            its successors, leaving them unreachable (vLLM's free queue).
 
     The optional cache member ``free(blocks)`` (return held blocks never
     inserted) turns on the abort rule. Use ``make_state_machine(...).TestCase``
@@ -471,7 +475,7 @@ def make_state_machine(
             p = self.page_size
             for namespace, tokens in self.model:
                 assert len(tokens) % p == 0 and tokens, f"page key {tokens} is not whole pages"
-                if len(tokens) > p:
+                if prefix_closed and len(tokens) > p:
                     assert (namespace, tokens[:-p]) in self.model, (
                         f"page {tokens} of {namespace!r} is cached but its predecessor is not")
 

@@ -23,7 +23,8 @@ Where each engine differs from radixkv's contract, and the option that says so:
 * SGLang evicts whole leaf nodes until at least ``n`` tokens are free
   (``over_eviction``), and one root node serves every namespace (``shared_root``);
 * vLLM has no "evict now": cached blocks wait in the free queue until
-  ``get_new_blocks`` reuses them (``lazy_eviction``).
+  ``get_new_blocks`` reuses them (``lazy_eviction``), in free-queue order, which
+  may take a page before its successors (``prefix_closed=False``).
 
 A namespace is SGLang's ``RadixKey.cache_salt`` (it separates the tree and the
 KV events' hashes) and vLLM's ``cache_salt``. ``contents()`` walks the tree of
@@ -63,7 +64,7 @@ def vllm_block_pool(page_size: int, num_blocks: int) -> Target:
     """vLLM v1's ``BlockPool`` with prefix caching, looked up as ``FullAttentionManager`` does."""
     return Target(lambda: VLLMBlockPool(page_size, num_blocks),
                   f"vllm.BlockPool(page_size={page_size}, num_blocks={num_blocks})",
-                  dict(_ENGINE_CAP, lazy_eviction=True, unlock_raises=False))
+                  dict(_ENGINE_CAP, lazy_eviction=True, unlock_raises=False, prefix_closed=False))
 
 
 # ------------------------------------------------------------------ SGLang
