@@ -13,15 +13,20 @@ or, as a pytest/unittest test class::
 
     TestMyCache = make_state_machine(lambda: MyCache(...)).TestCase
 
+A :class:`Target` bundles a factory with the options its semantics need
+(whole-node eviction, a hit cap, ...); :mod:`radixkv.testing.targets` ships
+them for SGLang's ``RadixCache`` and ``UnifiedRadixCache`` and vLLM's
+``BlockPool`` (imported only where those engines are installed).
+
 radixkv's own :class:`~radixkv.PrefixCache` runs through :class:`RadixKVTarget`.
 Needs ``hypothesis`` (``pip install radixkv[test]``).
 """
 
-from .machine import conformance_settings, make_state_machine, run_conformance
-from .protocol import Match, PageKey, PrefixCacheUnderTest, RadixKVTarget
+from .machine import Target, conformance_settings, make_state_machine, run_conformance
+from .protocol import EventContents, Match, PageKey, PrefixCacheUnderTest, RadixKVTarget
 from . import strategies
 
 __all__ = [
-    "Match", "PageKey", "PrefixCacheUnderTest", "RadixKVTarget", "conformance_settings",
+    "EventContents", "Match", "PageKey", "PrefixCacheUnderTest", "RadixKVTarget", "Target", "conformance_settings",
     "make_state_machine", "run_conformance", "strategies",
 ]
