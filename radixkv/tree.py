@@ -99,7 +99,7 @@ class RadixTree:
     A namespace's root is registered while the engine needs it (it has pages or
     locks) and may be dropped when it holds neither (:meth:`discard_root`), so an
     unused namespace costs nothing. A :class:`Root` outside the registry (from
-    :meth:`detached_root`, or dropped) stands for the same empty prefix: the
+    :meth:`empty_root`, or dropped) stands for the same empty prefix: the
     engine registers it (:meth:`adopt`) before it hangs anything below it.
     """
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixkv.cluster import Cluster, stranded_copies
+from radixkv.cluster import Cluster
+from radixkv.tiers.cache import stranded_copies
 
 from .test_cluster import serve
 from .test_tiers_payload import KV, PS

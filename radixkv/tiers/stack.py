@@ -297,21 +297,25 @@ class TierStack:
         every lower copy below it: a hit needs the whole prefix, so they could not be served until
         the lost pages were cached again, and would hold their slots meanwhile. Copies still in
         flight (placed by a caller up the stack) are left to it. O(nodes below)."""
-        below = []
-        todo = list(node.children.values()) if node.children else []
-        while todo:
-            n = todo.pop()
-            below.append(n)
+        self.dropped_pages += self._drop_copies(node)
+        if node.gen >= 0:
+            self._drop(node)
+
+    def _drop_copies(self, top: Node) -> int:
+        """Drop every lower copy in ``top``'s subtree (``top`` too), each after the copies below it,
+        so a placeholder goes with its last copy; return the pages dropped. O(subtree)."""
+        nodes = [top]
+        for n in nodes:  # grows while iterated: parents before children
             if n.children:
-                todo.extend(n.children.values())
-        for n in sorted(below, key=lambda x: -x.end):  # deepest first: a placeholder goes with its last copy
+                nodes.extend(n.children.values())
+        dropped = 0
+        for n in reversed(nodes):
             if n.gen >= 0 and isinstance(n.ext, Copy):
-                self.dropped_pages += n.num_pages
+                dropped += n.num_pages
                 tier = n.ext.tier
                 self._give(tier, self._release(n).slots)
                 self._drop(n)
-        if node.gen >= 0:
-            self._drop(node)
+        return dropped
 
     # ------------------------------------------------------------------ reads
     def _path(self, node: Node) -> List[Node]:
@@ -633,18 +637,7 @@ class TierStack:
         top = next(n for n in path if n.end > start)
         if top.start < start:
             self._split(top, start - top.start)
-        nodes = [top]
-        for n in nodes:  # grows while iterated: parents before children
-            if n.children:
-                nodes.extend(n.children.values())
-        forgotten = 0
-        for n in reversed(nodes):  # deepest first: a placeholder goes with its last copy below
-            if n.gen >= 0 and isinstance(n.ext, Copy):
-                forgotten += n.num_pages
-                tier = n.ext.tier
-                self._give(tier, self._release(n).slots)
-                self._drop(n)
-        return forgotten
+        return self._drop_copies(top)
 
     # ------------------------------------------------------------------ faults
     def _sweep_lost(self) -> None:
