@@ -49,9 +49,9 @@ import numpy as np
 
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
-from radixkv.tree import Node
+from radixkv.tree import Node, namespace_of
 
-from .base import EvictionPolicy, history_key, namespace_of, tail_past
+from .base import EvictionPolicy, history_key, tail_past
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache

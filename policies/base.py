@@ -32,7 +32,7 @@ spare is one heap push, and each spare must be paid for by an earlier access
 
 **Histories are per namespace.** A policy that remembers pages after they
 leave the tree (a ghost) keys them with :func:`history_key`, which includes
-the namespace (:func:`namespace_of`): otherwise one tenant's evictions would
+the namespace (:func:`radixkv.tree.namespace_of`): otherwise one tenant's evictions would
 decide how another tenant's identical page is ranked, and the rank (seen as
 hit or miss timing) would tell that tenant what the other one cached.
 """
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Optional
 
-from radixkv.tree import Node, Root
+from radixkv.tree import Node
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -110,20 +110,6 @@ def tail_past(node: Node, boundary: int) -> int:
     classes of pages: the deeper class goes first, at its own rank.
     """
     return node.end - boundary if node.start < boundary < node.end else node.num_pages
-
-
-def namespace_of(node: Node) -> Hashable:
-    """The namespace of the tree ``node`` is in (the key of its root). O(nodes above it).
-
-    Valid for a node that left the tree too: a removed node keeps its parent.
-    A lower tier's tree is keyed by the engine's namespace roots; its pages
-    get the namespace of that root, so a tier's history survives the root
-    being dropped and created again.
-    """
-    while node.parent is not None:
-        node = node.parent
-    namespace = node.namespace
-    return namespace.namespace if isinstance(namespace, Root) else namespace
 
 
 def history_key(namespace: Hashable, depth: int, page: bytes) -> Hashable:

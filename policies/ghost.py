@@ -22,9 +22,9 @@ from typing import Any, Callable, Hashable, List, Optional, Tuple
 
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_BYTES
-from radixkv.tree import Node
+from radixkv.tree import Node, namespace_of
 
-from .base import EvictionPolicy, history_key, namespace_of
+from .base import EvictionPolicy, history_key
 
 
 class RunHistory:

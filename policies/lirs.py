@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from radixkv.errors import ArgumentValueError
 from radixkv.tree import Node
 
 from .base import tail_past

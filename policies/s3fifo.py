@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Hashable
 
 from radixkv.errors import ArgumentValueError
-from radixkv.tree import Node
+from radixkv.tree import Node, namespace_of
 
-from .base import EvictionPolicy, history_key, namespace_of
+from .base import EvictionPolicy, history_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache

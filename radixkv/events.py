@@ -41,13 +41,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .hashing import BlockHash, BlockHasher
 from .keys import TOKEN_DTYPE
+from .tree import namespace_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from .cache import PrefixCache
@@ -223,13 +224,13 @@ class EventLog:
         recomputes the chain from the root's tokens (pages on another tier).
         """
         parent_hash, first = self._parent_hash(node)
-        return self.hasher.chain(self._tokens(node), parent_hash, node.start, self._namespace(node) if first else None)
+        return self.hasher.chain(self._tokens(node), parent_hash, node.start, namespace_of(node) if first else None)
 
     # ------------------------------------------------------------ engine hooks
     def stored(self, leaf: "Node") -> None:
         """``leaf`` was just added holding newly cached pages: index them, emit ``BlockStored``."""
         parent_hash, first = self._parent_hash(leaf)
-        namespace = self._namespace(leaf) if first else None
+        namespace = namespace_of(leaf) if first else None
         tokens = self._tokens(leaf)
         hashes = self.hasher.chain(tokens, parent_hash, leaf.start, namespace)
         blocks = leaf.blocks
@@ -305,7 +306,7 @@ class EventLog:
         """
         size = self._cache.page_size
         tokens = np.frombuffer(data, dtype=TOKEN_DTYPE).reshape(-1, size)
-        namespace = self._namespace(root)
+        namespace = namespace_of(root)
         parent = self._hbm_page_hash(root, data, start) if start else None
         if parent is None and start:
             hashes = self.hasher.chain(tokens, None, 0, namespace)
@@ -345,7 +346,7 @@ class EventLog:
                 parent_hash = self.page_hashes(parent)[-1]
             first = parent.parent is None
             hashes = self.hasher.chain(self._tokens(node), parent_hash, node.start,
-                                       self._namespace(node) if first else None)
+                                       namespace_of(node) if first else None)
             for block, h in zip(node.blocks.tolist(), hashes):
                 expected[block] = h
         for block, h in expected.items():
@@ -371,13 +372,6 @@ class EventLog:
         if h is None:
             h = self.page_hashes(parent)[-1]
         return h, False
-
-    def _namespace(self, node: "Node") -> Hashable:
-        """The namespace of ``node``'s root (roots come and go, so it is read from the root itself)."""
-        root = node
-        while root.parent is not None:
-            root = root.parent
-        return root.namespace
 
 
 def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:

@@ -93,6 +93,19 @@ class Root(Node):
         return f"Root({self.namespace!r}, lock_ref={self.lock_ref})"
 
 
+def namespace_of(node: Node) -> Hashable:
+    """The namespace of the tree ``node`` is in (its root's key). O(nodes above it).
+
+    Valid for a node that left the tree too: a removed node keeps its parent.
+    A lower tier's spill tree is keyed by the engine's namespace roots; its
+    nodes get the namespace of that root, so both trees name a page alike.
+    """
+    while node.parent is not None:
+        node = node.parent
+    namespace = node.namespace
+    return namespace.namespace if isinstance(namespace, Root) else namespace
+
+
 class RadixTree:
     """Compressed trie of pages; one root per namespace so namespaces never share a page.
 
