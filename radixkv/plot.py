@@ -7,12 +7,12 @@ matplotlib is the optional ``plot`` extra, imported only here, when drawing.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
 from .errors import TraceFormatError
+from .traces import json_lines
 
 CEILING_POLICY = "belady"
 """Drawn dashed, as the ceiling the online policies are measured against."""
@@ -24,25 +24,18 @@ def read_results(path: str) -> List[dict]:
     Raises :class:`~radixkv.errors.TraceFormatError` naming the line and field.
     """
     rows: List[dict] = []
-    with open(path, "r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
-            if "capacities" in obj:
-                rows.extend(_curve_rows(obj, path, lineno))
-                continue
-            for name, kind in (("policy", str), ("num_blocks", int), ("token_hit_rate", (int, float))):
-                if name not in obj:
-                    raise TraceFormatError(path, lineno, f"missing field {name!r}")
-                if not isinstance(obj[name], kind) or isinstance(obj[name], bool):
-                    raise TraceFormatError(path, lineno, f"field {name!r} has the wrong type: {obj[name]!r:.60}")
-            rows.append(obj)
+    for lineno, obj in json_lines(path):
+        if not isinstance(obj, dict):
+            raise TraceFormatError(path, lineno, f"expected a JSON object, got {type(obj).__name__}")
+        if "capacities" in obj:
+            rows.extend(_curve_rows(obj, path, lineno))
+            continue
+        for name, kind in (("policy", str), ("num_blocks", int), ("token_hit_rate", (int, float))):
+            if name not in obj:
+                raise TraceFormatError(path, lineno, f"missing field {name!r}")
+            if not isinstance(obj[name], kind) or isinstance(obj[name], bool):
+                raise TraceFormatError(path, lineno, f"field {name!r} has the wrong type: {obj[name]!r:.60}")
+        rows.append(obj)
     if not rows:
         raise TraceFormatError(path, 0, "no results to plot (empty file)")
     return rows
