@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -321,6 +321,68 @@ class PrefixCache:
         blocks = self._touch_path(node, self._clock)
         return MatchResult(pos * self.page_size, blocks, NodeHandle(node, node.gen))
 
+    # ------------------------------------------------------------------ inspection (read-only)
+    def cached_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+        """Leading whole pages of ``tokens`` cached in HBM under ``namespace``, touching nothing.
+
+        Unlike :meth:`match` it marks no use, advances no clock and splits no
+        node, so asking does not change what is evicted next. O(depth in nodes
+        + matched tokens) at C speed.
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._existing_root(namespace)
+        if root is None:
+            return 0
+        _, pos, _, common = self._tree.walk(root, data, num_pages)
+        return pos + common
+
+    def peek_match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
+        """The part of :meth:`match` that needs no split, touching nothing: a handle of the deepest
+        cached node that ``tokens`` cover whole, and the blocks from the root through it.
+
+        ``num_tokens`` can be below :meth:`cached_pages` (times the page size)
+        when the cached prefix ends inside a node, which only :meth:`match`
+        splits. For an embedder that looks up what it has just inserted
+        without counting a use. O(depth + matched pages).
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._existing_root(namespace)
+        if root is None:
+            root = self._tree.empty_root(namespace)
+            return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
+        node, pos, _, _ = self._tree.walk(root, data, num_pages)
+        return MatchResult(pos * self.page_size, self._tree.path_blocks(node), NodeHandle(node, node.gen))
+
+    def path_blocks(self, handle: NodeHandle) -> np.ndarray:
+        """Block ids of every page from the root through ``handle``, in order (a new array). O(depth).
+
+        Raises :class:`StaleHandleError` for a handle whose pages were evicted.
+        """
+        return self._tree.path_blocks(self._resolve(handle))
+
+    def namespaces(self) -> List[Optional[str]]:
+        """The namespaces that hold pages or locks now (a new list). O(namespaces)."""
+        return list(self._tree.namespaces())
+
+    def holds_namespace(self, namespace: Optional[str]) -> bool:
+        """Whether ``namespace`` holds pages or locks now. O(1)."""
+        return namespace in self._tree.namespaces()
+
+    def nodes(self) -> Iterator[Node]:
+        """Every cached node, parents before children, for observers that index pages (the event
+        log, miss reasons). Read-only: a caller must not change a node. O(nodes) to exhaust."""
+        return self._tree.nodes()
+
+    def namespace_roots(self) -> Iterator[Tuple[Optional[str], Node]]:
+        """``(namespace, root)`` of every namespace that holds pages or locks (a snapshot), for
+        tools that walk the cached tree. Read-only. O(namespaces)."""
+        return self._tree.roots()
+
+    @property
+    def page_index(self) -> Optional[Any]:
+        """The page observer :meth:`attach_page_index` attached, or ``None``. O(1)."""
+        return self._page_index
+
     # ------------------------------------------------------------------ locks
     def lock(self, handle: NodeHandle) -> None:
         """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth).
@@ -616,7 +678,7 @@ class PrefixCache:
                 f"root of namespace {ns!r} holds no page and no lock: it should have been dropped")
         for node in itertools.chain(self._pins, self._locks, self._admitted):
             if node.parent is None and node not in self._detached:
-                assert isinstance(node, Root) and self._tree._roots.get(node.namespace) is node, (
+                assert isinstance(node, Root) and self._tree.find_root(node.namespace) is node, (
                     f"locked root {node!r} is not registered")
         roots = (root for _, root in self._tree.roots())
         # A lock on a node locks every node above it (aborted nodes still held count among themselves).
@@ -691,7 +753,7 @@ class PrefixCache:
     def _existing_root(self, namespace: Optional[str]) -> Optional[Node]:
         """The root of ``namespace`` if it exists; raises on a namespace that is not a str (or None)."""
         check_namespace(namespace)
-        return self._tree._roots.get(namespace)
+        return self._tree.find_root(namespace)
 
     def _pages(self, tokens: TokensLike):
         arr = as_tokens(tokens)
@@ -1034,14 +1096,14 @@ class PrefixCache:
             # The empty prefix of its namespace, whichever root holds it now; never the handle's own
             # root object, which may be another cache's or one a reset emptied (its children were
             # this cache's pages then, and adopting it would serve blocks that hold other KV now).
-            registered = self._tree._roots.get(node.namespace)
+            registered = self._tree.find_root(node.namespace)
             return registered if registered is not None else self._tree.empty_root(node.namespace)
         if self._detached and node in self._detached:  # an aborted page still held (see Admission.abort)
             return node
         root = node.parent
         while root.parent is not None:
             root = root.parent
-        if root.__class__ is not Root or self._tree._roots.get(root.namespace) is not root:
+        if root.__class__ is not Root or self._tree.find_root(root.namespace) is not root:
             raise ArgumentValueError(f"{handle!r} is not a handle of this cache's pages")
         return node
 

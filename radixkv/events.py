@@ -339,7 +339,7 @@ class EventLog:
         """O(cached pages) check: every cached block is indexed under its recomputed chain hash."""
         cache = self._cache
         expected: Dict[int, BlockHash] = {}
-        for node in cache._tree.nodes():
+        for node in cache.nodes():
             parent = node.parent
             parent_hash = None if parent.parent is None else expected.get(int(parent.blocks[-1]))
             if parent.parent is not None and parent_hash is None:

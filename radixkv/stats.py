@@ -240,7 +240,7 @@ class PageIndex:
         self._block_key = np.zeros(cache.num_blocks, dtype=np.uint64)
         self._count: Counter = Counter()
         self._expected: Optional[np.ndarray] = None
-        for node in cache._tree.nodes():  # parents before children
+        for node in cache.nodes():  # parents before children
             self.stored(node)
 
     def expect(self, free_keys: Optional[np.ndarray]) -> None:
@@ -297,12 +297,7 @@ class PageIndex:
 
 def _own_pages(cache, request: Request, num_pages: int) -> int:
     """Leading pages of ``request`` cached in its own namespace now. O(depth)."""
-    root = cache._tree._roots.get(request.namespace)
-    if root is None:
-        return 0
-    data = np.asarray(request.tokens, dtype=TOKEN_DTYPE)[: num_pages * cache.page_size].tobytes()
-    _, pos, _, common = cache._tree.walk(root, data, num_pages)
-    return pos + common
+    return cache.cached_pages(request.tokens[: num_pages * cache.page_size], namespace=request.namespace)
 
 
 def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = None,
@@ -314,21 +309,16 @@ def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = 
     request); without, it walks the tree from each other namespace's root. O(1) while the cache
     holds at most the request's own namespace.
     """
-    tree = cache._tree
-    roots = tree._roots
     namespace = request.namespace
-    if not roots or (len(roots) == 1 and namespace in roots):
+    held = cache.num_namespaces
+    if not held or (held == 1 and cache.holds_namespace(namespace)):
         return 0
     num_pages = len(request.tokens) // cache.page_size
     if index is not None:
         return index.other_pages(free_keys[:num_pages], _own_pages(cache, request, num_pages))
-    data = np.asarray(request.tokens, dtype=TOKEN_DTYPE)[: num_pages * cache.page_size].tobytes()
-    best = 0
-    for ns, root in tree.roots():
-        if ns != namespace:
-            _, pos, _, common = tree.walk(root, data, num_pages)
-            best = max(best, pos + common)
-    return best
+    tokens = request.tokens[: num_pages * cache.page_size]
+    return max((cache.cached_pages(tokens, namespace=ns) for ns in cache.namespaces() if ns != namespace),
+               default=0)
 
 
 class ReplayStats:
@@ -388,15 +378,15 @@ class ReplayStats:
         from then on each call is O(pages of the request) however many namespaces
         ``cache`` holds. With miss reasons off it walks every other root.
         """
-        roots = cache._tree._roots
-        if not roots or (len(roots) == 1 and request.namespace in roots):
+        held = cache.num_namespaces
+        if not held or (held == 1 and cache.holds_namespace(request.namespace)):
             if self._index is not None:
                 self._index.expect(None)
             return 0
         if self._keys is None:
             return other_namespace_pages(cache, request)
         index = self._index
-        if index is None or cache._page_index is not index:
+        if index is None or cache.page_index is not index:
             index = self._index = PageIndex(cache, self._keys)
             self._previous_index = cache.attach_page_index(index)
         n = len(request.tokens) // self.page_size

@@ -9,7 +9,7 @@ ownership live in the engine (:mod:`radixkv.cache`).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, KeysView, Optional, Tuple
 
 import numpy as np
 
@@ -132,6 +132,14 @@ class RadixTree:
             root = self._roots[namespace] = Root(namespace)
         return root
 
+    def find_root(self, namespace: Hashable) -> Optional[Root]:
+        """The registered root of ``namespace``, or ``None`` when it holds nothing; creates nothing. O(1)."""
+        return self._roots.get(namespace)
+
+    def namespaces(self) -> KeysView:
+        """A live view of the namespaces that have a registered root. O(1)."""
+        return self._roots.keys()
+
     def empty_root(self, namespace: Hashable) -> Root:
         """An empty root of ``namespace`` that is not registered (what a match in an unused namespace
         returns a handle to). O(1)."""
@@ -155,6 +163,7 @@ class RadixTree:
         return len(self._roots)
 
     def roots(self) -> Iterator[Tuple[Hashable, Root]]:
+        """``(namespace, root)`` of every registered root (a snapshot: safe to change the tree meanwhile)."""
         return iter(list(self._roots.items()))
 
     def walk(self, root: Node, data: bytes, num_pages: int) -> Tuple[Node, int, Optional[Node], int]:

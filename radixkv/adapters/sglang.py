@@ -691,13 +691,9 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
         ends inside a node, which an insert of ``tokens`` just ruled out).
         """
         cache = self.cache
-        data, num_pages = cache._pages(tokens)
-        root = cache._existing_root(namespace)
-        if root is not None:
-            node, _, child, common = cache._tree.walk(root, data, num_pages)
-            if child is None or common == 0:
-                return NodeHandle(node, node.gen), cache._tree.path_blocks(node)
-        m = cache.match(tokens, namespace=namespace)
+        m = cache.peek_match(tokens, namespace=namespace)
+        if m.num_tokens < cache.cached_pages(tokens, namespace=namespace) * self.page_size:
+            m = cache.match(tokens, namespace=namespace)
         return m.node, m.blocks
 
     # ------------------------------------------------------------ BasePrefixCache (SGLang 0.5.23)
@@ -746,8 +742,7 @@ class RadixKVCache(_SGLangBase or StandaloneBase):  # type: ignore[misc]
 
     def path_device_indices(self, node: NodeHandle) -> Any:
         """Slot indices of every page from the root through ``node``. O(depth + pages)."""
-        resolved = self.cache._resolve(node)
-        return self._out(self._slots(self.cache._tree.path_blocks(resolved)))
+        return self._out(self._slots(self.cache.path_blocks(node)))
 
     def insert(self, params: InsertParams, value: Any = None) -> InsertResult:
         """Cache ``params.key``'s full pages held in the slots ``params.value``.

@@ -142,7 +142,7 @@ class RadixKVTarget:
         cache = self.cache
         p = cache.page_size
         out: Dict[PageKey, int] = {}
-        for namespace, root in cache._tree.roots():
+        for namespace, root in cache.namespace_roots():
             stack = [(root, ())]
             while stack:
                 node, prefix = stack.pop()

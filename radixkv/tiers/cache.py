@@ -298,7 +298,7 @@ class TieredCache(PrefixCache):
         data, num_pages = self._pages(tokens)
         if present < num_pages:
             arr = np.asarray(blocks)[present:num_pages].astype(np.int32)
-            self._copy_down(self._tree._roots.get(namespace), data, present, arr)
+            self._copy_down(self._tree.find_root(namespace), data, present, arr)
         return present
 
     def check(self) -> None:
@@ -331,7 +331,7 @@ class TieredCache(PrefixCache):
     # ------------------------------------------------------------------ hooks
     def _keeps_root(self, root: Node) -> bool:
         """An HBM root stays while the spill tree holds pages under it (the tiers key pages by it)."""
-        spill_root = self._stack.tree._roots.get(root)
+        spill_root = self._stack.tree.find_root(root)
         return spill_root is not None and spill_root.children is not None
 
     def _forget_below(self, top: Node) -> None:
@@ -342,8 +342,8 @@ class TieredCache(PrefixCache):
 
     def _drop_root_if_unused(self, root: Node) -> None:
         super()._drop_root_if_unused(root)
-        spill_root = self._stack.tree._roots.get(root)
-        if spill_root is not None and spill_root.children is None and self._tree._roots.get(root.namespace) is not root:
+        spill_root = self._stack.tree.find_root(root)
+        if spill_root is not None and spill_root.children is None and self._tree.find_root(root.namespace) is not root:
             self._stack.tree.discard_root(spill_root)  # its key, the HBM root, is gone for good
 
     def _spill_root_emptied(self, spill_root: Node) -> None:

@@ -334,7 +334,7 @@ class TierStack:
         lower tiers rank by use like HBM does. Splits nodes so the run starts
         exactly at ``pos``. Cost: O(path nodes) plus a C-speed key comparison.
         """
-        root = self.tree._roots.get(key)
+        root = self.tree.find_root(key)
         if root is None:
             return []
         self.tick += 1
@@ -426,7 +426,7 @@ class TierStack:
 
     def peek(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> int:
         """Pages ``pos, ...`` of ``data`` held below HBM, consecutive; changes nothing. O(path)."""
-        root = self.tree._roots.get(key)
+        root = self.tree.find_root(key)
         if root is None:
             return 0
         node, lpos, child, common = self.tree.walk(root, data, num_pages)
@@ -625,7 +625,7 @@ class TierStack:
         For pages whose KV is not (or no longer) trusted: an aborted admission's
         pages and what was computed over them. Cost: one walk plus O(nodes forgotten).
         """
-        root = self.tree._roots.get(key)
+        root = self.tree.find_root(key)
         if root is None:
             return 0
         node, pos, child, common = self.tree.walk(root, data, start + 1)
