@@ -76,11 +76,11 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..cache import NodeHandle, PrefixCache
-from ..errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, RadixKVError
-from .. import events as _rk
-from .. import policies as _policies
-from ..keys import check_positive_int
+from ...cache import NodeHandle, PrefixCache
+from ...errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, RadixKVError
+from ... import events as _rk
+from ... import policies as _policies
+from ...keys import check_positive_int
 
 SGLANG_TARGET_VERSION = "0.5.23"
 """The SGLang release whose ``BasePrefixCache`` this adapter follows."""
