@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -177,6 +177,13 @@ class Admission:
         return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
 
 
+def _check_sink(sink: object) -> Any:
+    """``sink`` if it may be a free-block sink (a callable or ``None``), else raise ArgumentTypeError."""
+    if sink is not None and not callable(sink):
+        raise ArgumentTypeError(f"on_free must be a callable taking an array of block ids, or None, got {sink!r}")
+    return sink
+
+
 class PrefixCache:
     """A prefix cache of paged KV blocks, shaped for a serving engine's scheduler.
 
@@ -201,6 +208,8 @@ class PrefixCache:
         enable_events: record KV events (:mod:`radixkv.events`) for :meth:`take_events`;
             a :class:`~radixkv.hashing.BlockHasher` also picks the hash function and seed.
             Off by default, and then free.
+        on_free: the free-block sink (see :attr:`on_free`); ``None`` keeps freed blocks on
+            the pool's free list.
     """
 
     _spill = None
@@ -215,8 +224,11 @@ class PrefixCache:
         kv_shape: Optional[Sequence[int]] = None,
         dtype: Any = "float16",
         enable_events: Union[bool, BlockHasher] = False,
+        *,
+        on_free: Optional[Callable[[np.ndarray], None]] = None,
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
+        _check_sink(on_free)
         page_size = check_positive_int(page_size, "page_size")
         if kv_shape is not None:
             kv_shape = tuple(kv_shape)
@@ -243,6 +255,7 @@ class PrefixCache:
         self._detached: dict = {}  # aborted node -> None while another holder still protects it
         self._detached_blocks = 0
         self._page_index = None  # optional page-identity index (radixkv.stats.PageIndex)
+        self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.attach(self)
         # Eviction hooks the policy leaves at the base class's no-op are not called at all.
         base, cls = _policies.EvictionPolicy, type(self._policy)
@@ -293,7 +306,8 @@ class PrefixCache:
         """Blocks allocated to callers and not yet inserted or freed. O(1).
 
         Includes the blocks of aborted pages that another holder still protects
-        (see :meth:`Admission.abort`): out of the cache, not yet back in the pool.
+        (see :meth:`Admission.abort`): out of the cache, not yet back in the pool;
+        and the blocks given to the free-block sink (:attr:`on_free`), which are its owner's.
         """
         return self._pool.num_blocks - self._pool.num_free - self._cached
 
@@ -490,8 +504,21 @@ class PrefixCache:
         self._pool.give_back(arr)
 
     def evict(self, n: int) -> int:
-        """Free up to ``n`` blocks now by evicting unprotected pages; returns how many were freed."""
-        return self._evict(check_positive_int(n, "n", allow_zero=True))
+        """Free up to ``n`` blocks now by evicting unprotected pages; returns how many were freed.
+
+        With a free-block sink (:attr:`on_free`) the freed blocks go to it, in one call.
+        """
+        n = check_positive_int(n, "n", allow_zero=True)
+        if self._on_free is None:
+            return self._evict(n)
+        # _evict puts what it frees on the free list, because allocate, admit and a tier's load
+        # take those blocks back at once; here nothing does, so they are the free list's top.
+        free = self._pool.num_free
+        try:
+            return self._evict(n)
+        finally:
+            if self._pool.num_free > free:
+                self._on_free(self._pool.take(self._pool.num_free - free))
 
     def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
                namespace: Optional[str] = None) -> int:
@@ -501,7 +528,9 @@ class PrefixCache:
         passes them). For a page already cached, a passed block that differs
         from the cached one goes back to the pool; new pages take ownership of
         their passed blocks, which must be held by the caller. Pages the policy
-        declines (admission control) give their blocks back too.
+        declines (admission control) give their blocks back too. With a
+        free-block sink both go to it, in one call: the duplicates in page
+        order, then the declined blocks (the tail of ``blocks``).
         """
         data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, namespace)
         self._clock += 1
@@ -511,10 +540,9 @@ class PrefixCache:
         if child is not None:
             node = self._split(child, common)
         self._touch_path(node, now)
-        self._pool.give_back(duplicate)
         keep = self._admit_pages(node, data, present, len(new), now)
-        self._pool.give_back(new[keep:])
         self._add_pages(node, data, present, new[:keep].copy(), now)
+        self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
         return present
@@ -704,11 +732,12 @@ class PrefixCache:
         return pages
 
     def reset(self) -> None:
-        """Drop every cached page (blocks back to the pool). Raises if anything is protected."""
+        """Drop every cached page (blocks back to the pool, or the free-block sink). Raises if anything is protected."""
         if self._protected or any(root.lock_ref for _, root in self._tree.roots()):
             raise LockError("reset while pages are locked; release them first")
+        dropped = []
         for node in list(self._tree.nodes()):
-            self._pool.give_back(node.blocks)
+            dropped.append(node.blocks)
             self._policy.on_remove(node)
             node.gen = -1
             node.heap_id = 0
@@ -723,6 +752,8 @@ class PrefixCache:
             self._events.cleared()
         if self._page_index is not None:
             self._page_index.cleared()
+        if dropped:
+            self._give_back(np.concatenate(dropped))
 
     def attach_page_index(self, index: Optional[Any]) -> Optional[Any]:
         """Attach (or, with ``None``, detach) a page observer; return the one attached before.
@@ -735,6 +766,38 @@ class PrefixCache:
         """
         previous, self._page_index = self._page_index, index
         return previous
+
+    @property
+    def on_free(self) -> Optional[Callable[[np.ndarray], None]]:
+        """The free-block sink: where blocks the cache frees go, instead of its free list.
+
+        For a caller whose own allocator hands out the blocks (the SGLang
+        adapter): ``on_free(blocks)`` gets, once each, the int32 ids of the
+        blocks the cache lets go of: pages :meth:`evict` evicted, the
+        duplicates and declined pages of an :meth:`insert`, aborted pages
+        (:meth:`Admission.abort`, when their last holder lets go), and
+        :meth:`reset`'s. They leave the cache as the caller's: the pool counts
+        them as held (in :attr:`num_held_blocks`, never on the free list), so
+        :meth:`check` still accounts for every block. Not sunk: blocks
+        :meth:`free` returns (the caller gives them to the pool), and pages
+        that :meth:`allocate`, :meth:`admit` or a tier's load evict to reuse at
+        once. The sink runs inside the cache's call and must not call back
+        into the cache. Settable; ``None`` (the default) keeps freed blocks on
+        the free list, at the cost of one ``is None`` test per free.
+        """
+        return self._on_free
+
+    @on_free.setter
+    def on_free(self, sink: Optional[Callable[[np.ndarray], None]]) -> None:
+        self._on_free = _check_sink(sink)
+
+    def _give_back(self, blocks: np.ndarray) -> None:
+        """``blocks`` leave the cache: onto the pool's free list, or, held, to the free-block sink."""
+        if self._on_free is None:
+            self._pool.give_back(blocks)
+        elif len(blocks):
+            self._pool.set_state(blocks, HELD)
+            self._on_free(blocks)
 
     # ------------------------------------------------------------------ events
     @property
@@ -1047,16 +1110,16 @@ class PrefixCache:
                 n.gen = -1
         top.parent = None  # cut only now: the policy's on_remove may walk up to the namespace root
         if freed:
-            self._pool.give_back(np.concatenate(freed))
+            self._give_back(np.concatenate(freed))
 
     def _forget_below(self, top: Node) -> None:
         """Hook: the pages from ``top`` down are being uncached by an abort (a tier layer drops its copies)."""
 
     def _free_detached(self, node: Node) -> None:
-        """The last holder of detached (aborted) ``node`` let go: its blocks go back to the pool."""
+        """The last holder of detached (aborted) ``node`` let go: its blocks go back to the pool (or the sink)."""
         del self._detached[node]
         self._detached_blocks -= node.num_pages
-        self._pool.give_back(node.blocks)
+        self._give_back(node.blocks)
         node.gen = -1
         parent = node.parent
         if parent is not None and parent.children is not None:

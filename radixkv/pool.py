@@ -3,7 +3,8 @@
 A block is in exactly one of three states:
 
 * ``FREE``: on the free list, owned by nobody;
-* ``HELD``: handed to a caller by :meth:`BlockPool.take` and not yet cached;
+* ``HELD``: handed to a caller by :meth:`BlockPool.take` and not yet cached, or
+  freed by the cache to its caller's allocator (``PrefixCache.on_free``);
 * ``CACHED``: owned by the prefix tree.
 
 The pool never decides what to evict; the engine does and hands blocks back.
