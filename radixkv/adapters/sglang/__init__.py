@@ -55,8 +55,10 @@ page-aligned runs, slot ``= page * page_size + offset``. radixkv's block id is
 SGLang's page index (the slot itself when ``page_size == 1``), and a
 :class:`~radixkv.cache.NodeHandle` is SGLang's "node". Every block radixkv
 does not cache is *held* by SGLang (its allocator or a request): the adapter
-takes the whole pool at start, hands evicted and duplicate blocks straight
-back to SGLang's allocator, and so never owns a free block between calls.
+takes the whole pool at start (radixkv's insert takes only blocks its caller
+holds), and radixkv's free-block sink (``PrefixCache.on_free``) hands every
+block radixkv lets go of (evicted, duplicate, declined) straight to SGLang's
+allocator, so radixkv never owns a free block.
 ``RadixKey.extra_key`` (LoRA id) and ``cache_salt`` (tenant) together name
 radixkv's ``namespace``: ``json.dumps([extra_key, cache_salt])``, or the
 default namespace when both are unset, so distinct pairs never share a page,

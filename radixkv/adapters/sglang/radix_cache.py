@@ -7,7 +7,7 @@ Layer: adapter face; uses :mod:`.mirrors` (types, base class),
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -85,10 +85,14 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         self.page_size = page_size
         self.disable = bool(disable)
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
+        self._returned: Optional[List[np.ndarray]] = None  # collects an insert's freed blocks, else None
         self.cache = PrefixCache(num_pages, page_size, policy=policy,
-                                 enable_events=self.enable_kv_cache_events)
+                                 enable_events=self.enable_kv_cache_events, on_free=self._freed)
         """The radixkv cache underneath (its block ids are SGLang page indices)."""
-        self.cache.allocate(num_pages)  # every block starts out held by SGLang
+        # Every block starts out SGLang's (held): its allocator, not radixkv, hands out slots, and
+        # radixkv's insert takes only blocks its caller holds. Blocks radixkv lets go of come back
+        # to SGLang through _freed, so radixkv never owns a free block.
+        self.cache.allocate(num_pages)
         self._offsets = np.arange(page_size, dtype=np.int64)
         self._device = None
         table = getattr(req_to_token_pool, "req_to_token", None)
@@ -152,17 +156,39 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         if len(slots):
             self.token_to_kv_pool_allocator.free(self._out(slots))
 
+    def _freed(self, blocks: np.ndarray) -> None:
+        """radixkv's free-block sink: pages it lets go of are SGLang's again.
+
+        Evicted pages go straight to SGLang's allocator. An insert's (its
+        duplicates, then its declined pages) are collected for :meth:`_insert`,
+        which frees only those SGLang's caller does not free itself; a reset's
+        are collected and dropped (SGLang's caller resets its allocator).
+        """
+        if self._returned is not None:
+            self._returned.append(blocks)
+        else:
+            self._free(self._slots(blocks))
+
     def _insert(self, tokens: Any, blocks: np.ndarray, namespace: Optional[str],
-                free_declined: bool) -> int:
-        """radixkv insert; returns pages already cached. Declined pages are freed if ``free_declined``."""
+                free_duplicates: bool) -> int:
+        """radixkv insert; returns pages already cached.
+
+        Frees the new pages the policy declined (``insert``: its caller frees
+        the duplicates), or with ``free_duplicates`` the request's duplicate
+        copies of pages already cached and no other page (``checkpoint``:
+        declined pages stay the request's, which SGLang frees on release).
+        """
         cache = self.cache
         declined = cache.declined_blocks
-        present = cache.insert(tokens, blocks, namespace=namespace)
-        # Duplicates and declined pages went back to radixkv's pool: SGLang holds them again.
-        cache.allocate(cache.num_free_blocks)
-        declined = cache.declined_blocks - declined
-        if declined and free_declined:
-            self._free(self._slots(blocks[len(blocks) - declined :]))
+        self._returned = []
+        try:
+            present = cache.insert(tokens, blocks, namespace=namespace)
+        finally:
+            returned, self._returned = self._returned, None
+        if returned:
+            returned = np.concatenate(returned)
+            split = len(returned) - (cache.declined_blocks - declined)
+            self._free(self._slots(returned[:split] if free_duplicates else returned[split:]))
         return present
 
     def _insert_slots(self, key: Any, value: Any) -> Tuple[int, Any, Optional[str], int]:
@@ -176,7 +202,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         n = len(tokens) // self.page_size * self.page_size
         if self.disable:
             return 0, tokens, namespace, n
-        present = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_declined=True)
+        present = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_duplicates=False)
         return present * self.page_size, tokens, namespace, n
 
     def _match(self, key: Any):
@@ -215,8 +241,11 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
 
     def reset(self):
         """Drop every cached page. Like SGLang, the allocator is reset by the caller, not here."""
-        self.cache.reset()
-        self.cache.allocate(self.cache.num_free_blocks)
+        self._returned = []  # the cached pages stay SGLang's, for its allocator's reset
+        try:
+            self.cache.reset()
+        finally:
+            self._returned = None
         self._roots.clear()
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
@@ -286,8 +315,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         pool = self.req_to_token_pool
         slots = _to_numpy(pool.req_to_token[kv.req_pool_idx, :aligned])
         protected = kv.cache_protected_len
-        present = self._insert(token_ids[:aligned], self._blocks(slots), namespace, free_declined=False)
-        self._free(slots[protected : present * p])
+        self._insert(token_ids[:aligned], self._blocks(slots), namespace, free_duplicates=True)
         if hasattr(kv, "cache_inserted_len"):
             kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
         node, blocks = self._cached_path(token_ids[:aligned], namespace)
@@ -312,9 +340,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         num_tokens = check_positive_int(params.num_tokens, "params.num_tokens", allow_zero=True)
         if self.disable or num_tokens == 0:
             return EvictResult()
-        freed = self.cache.evict(-(-num_tokens // self.page_size))
-        if freed:
-            self._free(self._slots(self.cache.allocate(freed)))
+        freed = self.cache.evict(-(-num_tokens // self.page_size))  # _freed hands them to the allocator
         return EvictResult(num_tokens_evicted=freed * self.page_size)
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
