@@ -235,7 +235,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         """Handle of the root of unsalted ``extra_key``'s namespace (SGLang passes no salt here)."""
         namespace = namespace_of(extra_key, None)
         root = self._roots.get(namespace)
-        if root is None or root._node.gen < 0:
+        if root is None:  # one handle per namespace: a root handle means its empty prefix, never stale
             root = self._roots[namespace] = self.cache.match([], namespace=namespace).node
         return root
 
