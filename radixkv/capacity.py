@@ -22,6 +22,7 @@ from typing import Callable, List, Optional, Union
 
 from .costs import ModelSpec, get_model, kv_bytes_per_page, kv_bytes_per_token
 from .errors import ArgumentTypeError, ArgumentValueError
+from .keys import check_positive_int, is_int
 from .pool import MAX_BLOCKS
 
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -45,8 +46,8 @@ def parse_count(text: object, name: str = "capacity") -> int:
     """A whole count from ``"1000"``, ``"10k"``, ``"1.5M"``, ``or ``"2G"`` (decimal: k = 1000), > 0."""
     if isinstance(text, bool):
         raise ArgumentTypeError(f"{name} must be a number, got {text!r}")
-    if isinstance(text, int):
-        return _whole(text, text, name)
+    if is_int(text):
+        return check_positive_int(text, name)
     match = _COUNT.fullmatch(str(text))
     if match is None:
         raise ArgumentValueError(f"{name} must be a number like 1000, 10k or 1.5M, got {text!r}")
@@ -55,8 +56,8 @@ def parse_count(text: object, name: str = "capacity") -> int:
 
 def parse_bytes(text: object, name: str = "size") -> int:
     """Bytes from ``"40GiB"``, ``"40GB"``, ``"40G"`` (= 40e9) or ``"1000000"``; binary units are 1024-based."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return _whole(text, text, name)
+    if is_int(text):
+        return check_positive_int(text, name)
     match = _BYTES.fullmatch(str(text))
     if match is None:
         raise ArgumentValueError(f"{name} must be a size like 40GiB, 40GB or 40000000000 (bytes), got {text!r}")
@@ -65,7 +66,8 @@ def parse_bytes(text: object, name: str = "size") -> int:
     return _whole(float(match.group(1)) * scale, text, name)
 
 
-def _whole(value: Union[int, float], text: object, name: str) -> int:
+def _whole(value: float, text: object, name: str) -> int:
+    """The count ``text`` spells (``value``, its number times its unit), or raise naming ``text``."""
     if value != int(value):
         raise ArgumentValueError(f"{name} must be a whole number, got {text!r} = {value:g}")
     if value <= 0:

@@ -13,13 +13,13 @@ closed form, so a page's recompute time is linear in its index: ``a + b * i``.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
 from .errors import RadixKVError
+from .keys import check_int
 
 
 class CostArgumentError(RadixKVError, ValueError):
@@ -39,16 +39,8 @@ def _lookup(kind: str, table: Mapping[str, Any], name: object) -> Any:
 
 
 def _count(name: str, value: object, minimum: int = 0) -> int:
-    """``value`` as an int >= ``minimum``; bools and floats are refused."""
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        n = None
-    if n is None or isinstance(value, bool):
-        raise CostTypeError(f"{name} must be an int, got {value!r}")
-    if n < minimum:
-        raise CostArgumentError(f"{name} must be >= {minimum}, got {value!r}")
-    return n
+    """``value`` as an int >= ``minimum`` (:func:`radixkv.keys.check_int`), with the cost model's errors."""
+    return check_int(value, name, minimum=minimum, type_error=CostTypeError, value_error=CostArgumentError)
 
 
 def _real(name: str, value: object, *, positive: bool) -> float:

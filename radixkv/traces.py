@@ -21,10 +21,10 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .errors import ArgumentValueError, TraceFormatError
+from .keys import MAX_TOKEN, TOKEN_DTYPE
 from .tracefiles import compression, read_lines, resolve
 
 MOONCAKE_BLOCK_TOKENS = 512
-TOKEN_DTYPE = np.uint32
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -222,13 +222,13 @@ def _int_list(record: dict, name: str, path: str, lineno: int, limit: int) -> np
 
 
 def _parse_tokens(record: dict, path: str, lineno: int) -> Request:
-    tokens = _int_list(record, "tokens", path, lineno, int(np.iinfo(TOKEN_DTYPE).max)).astype(TOKEN_DTYPE)
+    tokens = _int_list(record, "tokens", path, lineno, MAX_TOKEN).astype(TOKEN_DTYPE)
     ts = _time_field(record, path, lineno, 1.0)
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
     return Request(tokens, ts, out, _namespace_field(record, path, lineno))
 
 
-MAX_MOONCAKE_HASH_ID = (int(np.iinfo(TOKEN_DTYPE).max) + 1) // MOONCAKE_BLOCK_TOKENS - 1
+MAX_MOONCAKE_HASH_ID = (MAX_TOKEN + 1) // MOONCAKE_BLOCK_TOKENS - 1
 """Largest hash id whose 512 token ids fit :data:`TOKEN_DTYPE`."""
 
 
