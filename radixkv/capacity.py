@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Callable, List, Optional, Union
 
-from .costs import ModelSpec, get_model, kv_bytes_per_page, kv_bytes_per_token
+from .costs import DEFAULT_MODEL, ModelSpec, get_model, kv_bytes_per_page, kv_bytes_per_token
 from .errors import ArgumentTypeError, ArgumentValueError
 from .keys import check_positive_int, is_int
 from .pool import MAX_BLOCKS
@@ -85,7 +85,7 @@ def _checked(blocks: int, name: str, text: object, unit: str) -> int:
 
 
 def resolve_blocks(*, num_blocks: object = None, max_total_tokens: object = None, kv_cache_memory: object = None,
-                   page_size: int, model: ModelLike = "llama-3-8b",
+                   page_size: int, model: ModelLike = DEFAULT_MODEL,
                    names: tuple = ("num_blocks", "max_total_tokens", "kv_cache_memory")) -> int:
     """Cache capacity in blocks from exactly one of three sizes.
 
@@ -119,7 +119,7 @@ def resolve_blocks(*, num_blocks: object = None, max_total_tokens: object = None
                     f"{page_bytes:,} bytes per page of {spec.name}")
 
 
-def parse_capacity(text: object, *, page_size: int = 16, model: ModelLike = "llama-3-8b",
+def parse_capacity(text: object, *, page_size: int = 16, model: ModelLike = DEFAULT_MODEL,
                    distinct_pages: Optional[Callable[[], int]] = None, name: str = "capacity") -> int:
     """One capacity in blocks: ``"1000"`` / ``"10k"`` blocks, ``"3Mtok"`` tokens, ``"40GiB"`` bytes
     (of ``model``'s KV) or ``"25%"`` of the trace's distinct pages (``distinct_pages()``, called

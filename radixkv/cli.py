@@ -18,12 +18,13 @@ import click
 from . import policies
 from .cache import PrefixCache
 from .capacity import describe, parse_capacity, resolve_blocks
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .errors import ArgumentValueError, RadixKVError
 from .keys import check_positive_int
 from .output import OUTPUT_FORMATS, pick_columns, render, to_json
 from .replay import ReplayResult, replay
 from .sources import TRACE_FORMATS, open_trace
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, MISS_REASONS
+from .stats import MISS_REASONS
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""

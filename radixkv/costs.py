@@ -238,6 +238,12 @@ HARDWARE: dict[str, HardwareSpec] = {
 }
 
 
+DEFAULT_MODEL = "llama-3-8b"
+"""The model preset every cost, capacity and replay default reads when the caller names none."""
+DEFAULT_HARDWARE = "h100"
+"""The accelerator preset that goes with :data:`DEFAULT_MODEL`."""
+
+
 def get_hardware(name: str, mfu: float = DEFAULT_MFU) -> HardwareSpec:
     """The preset :class:`HardwareSpec` called ``name``, its ``flops`` rescaled to ``peak * mfu``."""
     spec: HardwareSpec = _lookup("hardware", HARDWARE, name)

@@ -18,11 +18,11 @@ import numpy as np
 from . import policies
 from .cache import PrefixCache
 from .capacity import parse_capacities, parse_capacity  # noqa: F401  (re-exported: sweep's capacities)
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_ids
 from .errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from .sources import open_trace
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .traces import MOONCAKE_BLOCK_TOKENS, Request
 
 
