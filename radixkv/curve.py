@@ -45,7 +45,7 @@ import numpy as np
 
 from .errors import ArgumentValueError, TraceFormatError
 from .keys import as_tokens, check_int
-from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, expand_mooncake, json_lines
+from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, expand_mooncake, json_lines
 
 __all__ = ["CurveResult", "LruStackDistances", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
 
@@ -328,7 +328,7 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
     direct = MOONCAKE_BLOCK_TOKENS % page_size == 0
     stack = LruStackDistances(page_size)
     interner = None if direct else PageInterner(page_size)
-    blocks: dict[tuple[int, int], int] = {}
+    blocks = MooncakeBlocks()
     for line_no, hash_ids, input_length in _read_mooncake(path):
         if not direct:
             tokens = expand_mooncake(hash_ids, input_length)
@@ -336,11 +336,7 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
             continue
         num_tokens = min(input_length, MOONCAKE_BLOCK_TOKENS * len(hash_ids))
         used = -(-num_tokens // MOONCAKE_BLOCK_TOKENS)
-        block_ids, parent = [], -1
-        for h in hash_ids[:used]:
-            parent = blocks.setdefault((parent, h), len(blocks))
-            block_ids.append(parent)
-        stack.add(mooncake_page_ids(block_ids, num_tokens, page_size), num_tokens)
+        stack.add(mooncake_page_ids(blocks.ids(hash_ids[:used]), num_tokens, page_size), num_tokens)
     return stack.result(caps)
 
 

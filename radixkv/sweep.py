@@ -23,7 +23,7 @@ from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_i
 from .errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from .sources import open_trace
-from .traces import MOONCAKE_BLOCK_TOKENS, Request
+from .traces import MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, Request
 
 
 def parse_policies(text: str) -> List[str]:
@@ -140,15 +140,12 @@ def _page_ids(requests: Iterable[Request], page_size: int, mooncake: bool) -> It
     """
     by_blocks = mooncake and MOONCAKE_BLOCK_TOKENS % page_size == 0
     interners: dict = {}
-    blocks: dict = {}
+    blocks = MooncakeBlocks()
     for request in requests:
         tokens = request.tokens
         if by_blocks:
-            parent, block_ids = -1, []
-            for h in (np.asarray(tokens[::MOONCAKE_BLOCK_TOKENS]) // MOONCAKE_BLOCK_TOKENS).tolist():
-                parent = blocks.setdefault((request.namespace, parent, h), len(blocks))
-                block_ids.append(parent)
-            yield request, mooncake_page_ids(block_ids, len(tokens), page_size)
+            hash_ids = (np.asarray(tokens[::MOONCAKE_BLOCK_TOKENS]) // MOONCAKE_BLOCK_TOKENS).tolist()
+            yield request, mooncake_page_ids(blocks.ids(hash_ids, request.namespace), len(tokens), page_size)
         else:
             interner = interners.get(request.namespace)
             if interner is None:

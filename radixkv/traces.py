@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
 
@@ -50,6 +50,28 @@ def expand_mooncake(hash_ids: list, input_length: int) -> np.ndarray:
     base = np.asarray(hash_ids, dtype=np.int64) * MOONCAKE_BLOCK_TOKENS
     tokens = (base[:, None] + np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.int64)).ravel()
     return tokens[:input_length].astype(TOKEN_DTYPE)
+
+
+class MooncakeBlocks:
+    """Dense ids for Mooncake hash-id prefixes: ``ids(hash_ids)[k]`` names ``hash_ids[:k+1]``.
+
+    Prefixes are interned chained, ``(namespace, parent id, hash id) -> id``, so
+    equal ids mean equal prefixes within a namespace without relying on the
+    trace's ids being chained hashes. This is what lets the LRU curve key a
+    page as (block id, offset in the block) instead of expanding 512 tokens a
+    block. Cost: one dict lookup per block; memory O(distinct prefixes).
+    """
+
+    def __init__(self) -> None:
+        self._table: dict = {}
+
+    def ids(self, hash_ids: Iterable[int], namespace: Optional[str] = None) -> List[int]:
+        """The id of each prefix ``hash_ids[:k+1]`` in ``namespace``, interning new ones."""
+        table, out, parent = self._table, [], -1
+        for h in hash_ids:
+            parent = table.setdefault((namespace, parent, h), len(table))
+            out.append(parent)
+        return out
 
 
 FORMATS = ("tokens", "mooncake")
