@@ -133,8 +133,6 @@ class Tier:
             for HBM over online tiers.
     """
 
-    kind = "tier"
-
     def __init__(self, name: str, policy: Union[str, "_policies.EvictionPolicy"] = "lru") -> None:
         if not isinstance(name, str) or not name or name == "hbm":
             raise TierConfigError(f"tier name must be a non-empty string other than 'hbm', got {name!r}")
