@@ -1,6 +1,6 @@
 """LRU hit-rate curve: hit tokens at every capacity from one pass over a trace.
 
-Block-level LRU under the replay semantics of :mod:`radixkv.reference`
+Block-level LRU under the replay semantics of :mod:`radixkv.testing.reference`
 (match, protect, evict by ``(last access, -depth)``, insert what fits) is a
 *stack algorithm*, so one pass gives its hits at every capacity at once:
 
@@ -286,7 +286,7 @@ class PageInterner:
 def lru_curve(requests: Iterable[np.ndarray], page_size: int, capacities: Sequence[int]) -> CurveResult:
     """LRU hit tokens at each of ``capacities`` for a trace of token arrays, in one pass.
 
-    Equal, capacity by capacity, to :func:`radixkv.reference.reference_lru_replay`.
+    Equal, capacity by capacity, to :func:`radixkv.testing.reference.reference_lru_replay`.
     Cost: O(tokens) to key the pages plus O(R log R) for R page references.
     """
     page_size = check_int(page_size, "page_size", minimum=1)

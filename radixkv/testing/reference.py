@@ -35,7 +35,7 @@ from typing import Iterable
 import numpy as np
 from sortedcontainers import SortedList
 
-from .keys import as_tokens, check_int
+from ..keys import as_tokens, check_int
 
 __all__ = ["ReferenceLru", "ReferenceResult", "reference_lru_replay"]
 
