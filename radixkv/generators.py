@@ -217,11 +217,12 @@ def system_prompt(
 
 
 def _sessions(
-    rng: np.random.Generator,
+    seed: int,
     num_requests: int,
     *,
     num_sessions: int,
-    start: Callable[[], np.ndarray],
+    system_tokens: int,
+    first_tokens: int,
     step_tokens: int,
     output_tokens: int,
     mean_steps: float,
@@ -231,17 +232,21 @@ def _sessions(
 ) -> Iterator[Request]:
     """``num_sessions`` concurrent sessions; step k's prompt = step k-1's prompt + its output + new input.
 
-    A session lasts ``min(Geometric(1/mean_steps), max_steps)`` steps with
+    Every session opens with one shared system prompt (``system_tokens``, drawn
+    first) and ``first_tokens`` of its own; steps add ``step_tokens``. A session lasts ``min(Geometric(1/mean_steps), max_steps)`` steps with
     exponential gaps of mean ``mean_gap`` between them; when one ends a new
     one starts an exponential gap later. The first sessions start uniformly
     in ``[0, mean_gap)``. Requests come out in time order (ties: oldest session first).
     """
+    rng = np.random.default_rng(seed)
+    system = _tokens(rng, system_tokens, vocab_size)
     order = itertools.count()
     pending: list[tuple[float, int, int, np.ndarray]] = []  # (time, session, steps left, prompt)
 
     def open_session(t: float) -> None:
         steps = min(int(rng.geometric(1.0 / mean_steps)), max_steps)
-        heapq.heappush(pending, (t, next(order), steps, start()))
+        prompt = np.concatenate((system, _tokens(rng, first_tokens, vocab_size)))
+        heapq.heappush(pending, (t, next(order), steps, prompt))
 
     for _ in range(num_sessions):
         open_session(rng.uniform(0.0, mean_gap))
@@ -296,23 +301,9 @@ def multi_turn(
     think_time = _real("think_time", think_time, 0.0)
     vocab_size = _vocab(vocab_size)
 
-    def run() -> Iterator[Request]:
-        rng = np.random.default_rng(seed)
-        system = _tokens(rng, system_tokens, vocab_size)
-        yield from _sessions(
-            rng,
-            num_requests,
-            num_sessions=num_sessions,
-            start=lambda: np.concatenate((system, _tokens(rng, message_tokens, vocab_size))),
-            step_tokens=message_tokens,
-            output_tokens=answer_tokens,
-            mean_steps=mean_turns,
-            max_steps=max_turns,
-            mean_gap=think_time,
-            vocab_size=vocab_size,
-        )
-
-    return run()
+    return _sessions(seed, num_requests, num_sessions=num_sessions, system_tokens=system_tokens,
+                     first_tokens=message_tokens, step_tokens=message_tokens, output_tokens=answer_tokens,
+                     mean_steps=mean_turns, max_steps=max_turns, mean_gap=think_time, vocab_size=vocab_size)
 
 
 def rag(
@@ -406,23 +397,9 @@ def agent(
     step_time = _real("step_time", step_time, 0.0)
     vocab_size = _vocab(vocab_size)
 
-    def run() -> Iterator[Request]:
-        rng = np.random.default_rng(seed)
-        system = _tokens(rng, system_tokens, vocab_size)
-        yield from _sessions(
-            rng,
-            num_requests,
-            num_sessions=num_agents,
-            start=lambda: np.concatenate((system, _tokens(rng, task_tokens, vocab_size))),
-            step_tokens=tool_tokens,
-            output_tokens=action_tokens,
-            mean_steps=mean_steps,
-            max_steps=max_steps,
-            mean_gap=step_time,
-            vocab_size=vocab_size,
-        )
-
-    return run()
+    return _sessions(seed, num_requests, num_sessions=num_agents, system_tokens=system_tokens,
+                     first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
+                     mean_steps=mean_steps, max_steps=max_steps, mean_gap=step_time, vocab_size=vocab_size)
 
 
 def long_doc_qa(
