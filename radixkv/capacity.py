@@ -43,7 +43,7 @@ def _model(model: ModelLike) -> ModelSpec:
 
 
 def parse_count(text: object, name: str = "capacity") -> int:
-    """A whole count from ``"1000"``, ``"10k"``, ``"1.5M"``, ``or ``"2G"`` (decimal: k = 1000), > 0."""
+    """A whole count > 0 from an int or from ``"1000"``, ``"10k"``, ``"1.5M"`` or ``"2G"`` (decimal: k = 1000)."""
     if isinstance(text, bool):
         raise ArgumentTypeError(f"{name} must be a number, got {text!r}")
     if is_int(text):
