@@ -21,7 +21,7 @@ from radixkv.cache import PrefixCache
 from radixkv.cluster import Cluster
 from radixkv.replay import replay
 from radixkv.tiers import HostTier, RedisBackend, RemoteTier, TieredCache
-from radixkv.tiers.localredis import LocalRedis
+from radixkv.testing.localredis import LocalRedis
 from radixkv.traces import TraceReader
 
 TRACE = "../shared/traces/mooncake_conversation.jsonl"

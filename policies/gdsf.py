@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Tuple
 
-from radixkv.costs import CostModel, get_hardware, get_model
+from radixkv.costs import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, get_hardware, get_model
 from radixkv.errors import ArgumentTypeError, ArgumentValueError
 from radixkv.tree import Node
 
@@ -29,9 +29,6 @@ from .base import EvictionPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
-
-DEFAULT_MODEL = "llama-3-8b"
-DEFAULT_HARDWARE = "h100"
 
 
 class GDSF(EvictionPolicy):

@@ -22,14 +22,14 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 from .cache import PrefixCache
 from .capacity import ModelLike, describe, parse_bytes, parse_capacities, parse_capacity, resolve_blocks
-from .costs import (HARDWARE, MODELS, CostModel, HardwareSpec, ModelSpec, get_hardware, get_model,
-                    kv_bytes_per_page, kv_bytes_per_token, prefill_flops)
+from .costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, HARDWARE, MODELS, CostModel, HardwareSpec, ModelSpec,
+                    get_hardware, get_model, kv_bytes_per_page, kv_bytes_per_token, prefill_flops)
 from .errors import ArgumentValueError
 from .replay import ReplayResult
 from .replay import replay as replay_requests
 from .sharegpt import load_sharegpt
 from .sources import TRACE_FORMATS, Trace, detect_format, open_trace
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, RequestRecord
+from .stats import RequestRecord
 from .traces import Request, TraceReader
 
 Hardware = HardwareSpec

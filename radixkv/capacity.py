@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 from typing import Callable, List, Optional, Union
 
-from .costs import ModelSpec, get_model, kv_bytes_per_page, kv_bytes_per_token
+from .costs import DEFAULT_MODEL, ModelSpec, get_model, kv_bytes_per_page, kv_bytes_per_token
 from .errors import ArgumentTypeError, ArgumentValueError
+from .keys import check_positive_int, is_int
 from .pool import MAX_BLOCKS
 
 _COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -42,11 +43,11 @@ def _model(model: ModelLike) -> ModelSpec:
 
 
 def parse_count(text: object, name: str = "capacity") -> int:
-    """A whole count from ``"1000"``, ``"10k"``, ``"1.5M"``, ``or ``"2G"`` (decimal: k = 1000), > 0."""
+    """A whole count > 0 from an int or from ``"1000"``, ``"10k"``, ``"1.5M"`` or ``"2G"`` (decimal: k = 1000)."""
     if isinstance(text, bool):
         raise ArgumentTypeError(f"{name} must be a number, got {text!r}")
-    if isinstance(text, int):
-        return _whole(text, text, name)
+    if is_int(text):
+        return check_positive_int(text, name)
     match = _COUNT.fullmatch(str(text))
     if match is None:
         raise ArgumentValueError(f"{name} must be a number like 1000, 10k or 1.5M, got {text!r}")
@@ -55,8 +56,8 @@ def parse_count(text: object, name: str = "capacity") -> int:
 
 def parse_bytes(text: object, name: str = "size") -> int:
     """Bytes from ``"40GiB"``, ``"40GB"``, ``"40G"`` (= 40e9) or ``"1000000"``; binary units are 1024-based."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return _whole(text, text, name)
+    if is_int(text):
+        return check_positive_int(text, name)
     match = _BYTES.fullmatch(str(text))
     if match is None:
         raise ArgumentValueError(f"{name} must be a size like 40GiB, 40GB or 40000000000 (bytes), got {text!r}")
@@ -65,7 +66,8 @@ def parse_bytes(text: object, name: str = "size") -> int:
     return _whole(float(match.group(1)) * scale, text, name)
 
 
-def _whole(value: Union[int, float], text: object, name: str) -> int:
+def _whole(value: float, text: object, name: str) -> int:
+    """The count ``text`` spells (``value``, its number times its unit), or raise naming ``text``."""
     if value != int(value):
         raise ArgumentValueError(f"{name} must be a whole number, got {text!r} = {value:g}")
     if value <= 0:
@@ -83,7 +85,7 @@ def _checked(blocks: int, name: str, text: object, unit: str) -> int:
 
 
 def resolve_blocks(*, num_blocks: object = None, max_total_tokens: object = None, kv_cache_memory: object = None,
-                   page_size: int, model: ModelLike = "llama-3-8b",
+                   page_size: int, model: ModelLike = DEFAULT_MODEL,
                    names: tuple = ("num_blocks", "max_total_tokens", "kv_cache_memory")) -> int:
     """Cache capacity in blocks from exactly one of three sizes.
 
@@ -117,7 +119,7 @@ def resolve_blocks(*, num_blocks: object = None, max_total_tokens: object = None
                     f"{page_bytes:,} bytes per page of {spec.name}")
 
 
-def parse_capacity(text: object, *, page_size: int = 16, model: ModelLike = "llama-3-8b",
+def parse_capacity(text: object, *, page_size: int = 16, model: ModelLike = DEFAULT_MODEL,
                    distinct_pages: Optional[Callable[[], int]] = None, name: str = "capacity") -> int:
     """One capacity in blocks: ``"1000"`` / ``"10k"`` blocks, ``"3Mtok"`` tokens, ``"40GiB"`` bytes
     (of ``model``'s KV) or ``"25%"`` of the trace's distinct pages (``distinct_pages()``, called

@@ -18,11 +18,13 @@ import click
 from . import policies
 from .cache import PrefixCache
 from .capacity import describe, parse_capacity, resolve_blocks
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .errors import ArgumentValueError, RadixKVError
+from .keys import check_positive_int
 from .output import OUTPUT_FORMATS, pick_columns, render, to_json
 from .replay import ReplayResult, replay
 from .sources import TRACE_FORMATS, open_trace
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, MISS_REASONS
+from .stats import MISS_REASONS
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""
@@ -154,9 +156,11 @@ def with_capacity(row: dict, model: Optional[str]) -> dict:
 
 
 def positive(ctx, param, value):
-    if value is not None and value <= 0:
-        raise click.BadParameter(f"must be > 0, got {value!r}")
-    return value
+    """Click callback: an int option's ``value`` if it is > 0 (:func:`radixkv.keys.check_positive_int`)."""
+    try:
+        return None if value is None else check_positive_int(value, param.name)
+    except ArgumentValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def policy_name(ctx, param, value):

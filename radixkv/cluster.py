@@ -95,8 +95,6 @@ class BorrowedTier(Tier):
     pages held, always.
     """
 
-    kind = "borrowed"
-
     def __init__(self, manager: "GlobalManager", debtor: int) -> None:
         super().__init__("borrowed")
         self.manager = manager

@@ -13,13 +13,13 @@ closed form, so a page's recompute time is linear in its index: ``a + b * i``.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Optional
 
 import numpy as np
 
 from .errors import RadixKVError
+from .keys import check_int
 
 
 class CostArgumentError(RadixKVError, ValueError):
@@ -39,16 +39,8 @@ def _lookup(kind: str, table: Mapping[str, Any], name: object) -> Any:
 
 
 def _count(name: str, value: object, minimum: int = 0) -> int:
-    """``value`` as an int >= ``minimum``; bools and floats are refused."""
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        n = None
-    if n is None or isinstance(value, bool):
-        raise CostTypeError(f"{name} must be an int, got {value!r}")
-    if n < minimum:
-        raise CostArgumentError(f"{name} must be >= {minimum}, got {value!r}")
-    return n
+    """``value`` as an int >= ``minimum`` (:func:`radixkv.keys.check_int`), with the cost model's errors."""
+    return check_int(value, name, minimum=minimum, type_error=CostTypeError, value_error=CostArgumentError)
 
 
 def _real(name: str, value: object, *, positive: bool) -> float:
@@ -244,6 +236,12 @@ HARDWARE: dict[str, HardwareSpec] = {
     # raw, ~25 GB/s effective. Network: 200 Gb/s HDR InfiniBand = 25 GB/s.
     "a100": HardwareSpec("a100", 312e12 * DEFAULT_MFU, 2.039e12, 25e9, 25e9),
 }
+
+
+DEFAULT_MODEL = "llama-3-8b"
+"""The model preset every cost, capacity and replay default reads when the caller names none."""
+DEFAULT_HARDWARE = "h100"
+"""The accelerator preset that goes with :data:`DEFAULT_MODEL`."""
 
 
 def get_hardware(name: str, mfu: float = DEFAULT_MFU) -> HardwareSpec:

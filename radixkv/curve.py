@@ -1,6 +1,6 @@
 """LRU hit-rate curve: hit tokens at every capacity from one pass over a trace.
 
-Block-level LRU under the replay semantics of :mod:`radixkv.reference`
+Block-level LRU under the replay semantics of :mod:`radixkv.testing.reference`
 (match, protect, evict by ``(last access, -depth)``, insert what fits) is a
 *stack algorithm*, so one pass gives its hits at every capacity at once:
 
@@ -43,9 +43,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
-from .keys import as_tokens
-from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, expand_mooncake, json_lines
+from .errors import ArgumentValueError, TraceFormatError
+from .keys import as_tokens, check_int
+from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, expand_mooncake, json_lines
 
 __all__ = ["CurveResult", "LruStackDistances", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
 
@@ -74,7 +74,7 @@ class CurveResult:
 
     def hit_tokens_at(self, num_blocks: int) -> int:
         """Hit tokens at a capacity of ``num_blocks`` blocks, any value. Cost: O(1)."""
-        num_blocks = _check_int(num_blocks, "num_blocks", minimum=0)
+        num_blocks = check_int(num_blocks, "num_blocks", minimum=0)
         return int(self.hits_below[min(num_blocks, len(self.hits_below) - 1)]) * self.page_size
 
     def token_hit_rate_at(self, num_blocks: int) -> float:
@@ -112,7 +112,7 @@ class LruStackDistances:
     """
 
     def __init__(self, page_size: int) -> None:
-        self.page_size = _check_int(page_size, "page_size", minimum=1)
+        self.page_size = check_int(page_size, "page_size", minimum=1)
         self.requests = 0
         self.prompt_tokens = 0
         self.num_live = 0  # distinct pages referenced so far
@@ -166,7 +166,7 @@ class LruStackDistances:
 
     def result(self, capacities: Sequence[int]) -> CurveResult:
         """Hits at each of ``capacities`` (blocks), plus the histogram for any other. Cost: O(pages)."""
-        caps = [_check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
+        caps = [check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
         used = int(np.flatnonzero(self._rank_counts).max()) + 1 if self._rank_counts.any() else 0
         hits_below = np.zeros(used + 1, dtype=np.int64)
         np.cumsum(self._rank_counts[:used], out=hits_below[1:])
@@ -268,7 +268,7 @@ class PageInterner:
     """
 
     def __init__(self, page_size: int) -> None:
-        self.page_size = _check_int(page_size, "page_size", minimum=1)
+        self.page_size = check_int(page_size, "page_size", minimum=1)
         self._table: dict[tuple[int, bytes], int] = {}
 
     def ids(self, tokens: np.ndarray) -> np.ndarray:
@@ -286,11 +286,11 @@ class PageInterner:
 def lru_curve(requests: Iterable[np.ndarray], page_size: int, capacities: Sequence[int]) -> CurveResult:
     """LRU hit tokens at each of ``capacities`` for a trace of token arrays, in one pass.
 
-    Equal, capacity by capacity, to :func:`radixkv.reference.reference_lru_replay`.
+    Equal, capacity by capacity, to :func:`radixkv.testing.reference.reference_lru_replay`.
     Cost: O(tokens) to key the pages plus O(R log R) for R page references.
     """
-    page_size = _check_int(page_size, "page_size", minimum=1)
-    caps = [_check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
+    page_size = check_int(page_size, "page_size", minimum=1)
+    caps = [check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
     interner = PageInterner(page_size)
     stack = LruStackDistances(page_size)
     for tokens in requests:
@@ -323,12 +323,12 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
     because distinct hash ids expand to disjoint token ranges. Otherwise it
     expands tokens. Cost: O(blocks) Python work plus the stack pass.
     """
-    page_size = _check_int(page_size, "page_size", minimum=1)
-    caps = [_check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
+    page_size = check_int(page_size, "page_size", minimum=1)
+    caps = [check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]
     direct = MOONCAKE_BLOCK_TOKENS % page_size == 0
     stack = LruStackDistances(page_size)
     interner = None if direct else PageInterner(page_size)
-    blocks: dict[tuple[int, int], int] = {}
+    blocks = MooncakeBlocks()
     for line_no, hash_ids, input_length in _read_mooncake(path):
         if not direct:
             tokens = expand_mooncake(hash_ids, input_length)
@@ -336,11 +336,7 @@ def lru_curve_mooncake(path: str, page_size: int, capacities: Sequence[int]) -> 
             continue
         num_tokens = min(input_length, MOONCAKE_BLOCK_TOKENS * len(hash_ids))
         used = -(-num_tokens // MOONCAKE_BLOCK_TOKENS)
-        block_ids, parent = [], -1
-        for h in hash_ids[:used]:
-            parent = blocks.setdefault((parent, h), len(blocks))
-            block_ids.append(parent)
-        stack.add(mooncake_page_ids(block_ids, num_tokens, page_size), num_tokens)
+        stack.add(mooncake_page_ids(blocks.ids(hash_ids[:used]), num_tokens, page_size), num_tokens)
     return stack.result(caps)
 
 
@@ -368,11 +364,3 @@ def _build_fenwick(live: np.ndarray) -> np.ndarray:
     tree = (prefix - prefix[idx - (idx & -idx)]).astype(np.int32)
     tree[0] = 0
     return tree
-
-
-def _check_int(value: object, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ArgumentValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)

@@ -45,14 +45,15 @@ import itertools
 import json
 import math
 import os
-from numbers import Integral, Real
+from numbers import Real
 from typing import IO, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
+from .keys import TOKEN_DTYPE, check_int
 from .tokenizer import DEFAULT_VOCAB_SIZE
-from .traces import TOKEN_DTYPE, Request
+from .traces import Request
 
 GeneratorFn = Callable[..., Iterator[Request]]
 
@@ -63,14 +64,6 @@ _MIX_STREAM = 2
 
 
 # ---------------------------------------------------------------- validation
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ArgumentValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _real(name: str, value: object, minimum: float, *, above: bool = False) -> float:
@@ -84,14 +77,14 @@ def _real(name: str, value: object, minimum: float, *, above: bool = False) -> f
 
 
 def _vocab(value: object) -> int:
-    value = _int("vocab_size", value, 1)
+    value = check_int(value, "vocab_size", minimum=1)
     if value > 2**32:
         raise ArgumentValueError(f"vocab_size must be <= 2**32, got {value!r}")
     return value
 
 
 def _common(seed: object, num_requests: object) -> tuple[int, int]:
-    return _int("seed", seed, 0), _int("num_requests", num_requests, 0)
+    return check_int(seed, "seed", minimum=0), check_int(num_requests, "num_requests", minimum=0)
 
 
 # ------------------------------------------------------------------- drawing
@@ -195,12 +188,12 @@ def system_prompt(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_prompts = _int("num_prompts", num_prompts, 1)
-    system_tokens = _int("system_tokens", system_tokens, 0)
-    num_shots = _int("num_shots", num_shots, 0)
-    shot_tokens = _int("shot_tokens", shot_tokens, 0)
-    question_tokens = _int("question_tokens", question_tokens, 1)
-    output_tokens = _int("output_tokens", output_tokens, 0)
+    num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    num_shots = check_int(num_shots, "num_shots", minimum=0)
+    shot_tokens = check_int(shot_tokens, "shot_tokens", minimum=0)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
@@ -224,11 +217,12 @@ def system_prompt(
 
 
 def _sessions(
-    rng: np.random.Generator,
+    seed: int,
     num_requests: int,
     *,
     num_sessions: int,
-    start: Callable[[], np.ndarray],
+    system_tokens: int,
+    first_tokens: int,
     step_tokens: int,
     output_tokens: int,
     mean_steps: float,
@@ -238,17 +232,21 @@ def _sessions(
 ) -> Iterator[Request]:
     """``num_sessions`` concurrent sessions; step k's prompt = step k-1's prompt + its output + new input.
 
-    A session lasts ``min(Geometric(1/mean_steps), max_steps)`` steps with
+    Every session opens with one shared system prompt (``system_tokens``, drawn
+    first) and ``first_tokens`` of its own; steps add ``step_tokens``. A session lasts ``min(Geometric(1/mean_steps), max_steps)`` steps with
     exponential gaps of mean ``mean_gap`` between them; when one ends a new
     one starts an exponential gap later. The first sessions start uniformly
     in ``[0, mean_gap)``. Requests come out in time order (ties: oldest session first).
     """
+    rng = np.random.default_rng(seed)
+    system = _tokens(rng, system_tokens, vocab_size)
     order = itertools.count()
     pending: list[tuple[float, int, int, np.ndarray]] = []  # (time, session, steps left, prompt)
 
     def open_session(t: float) -> None:
         steps = min(int(rng.geometric(1.0 / mean_steps)), max_steps)
-        heapq.heappush(pending, (t, next(order), steps, start()))
+        prompt = np.concatenate((system, _tokens(rng, first_tokens, vocab_size)))
+        heapq.heappush(pending, (t, next(order), steps, prompt))
 
     for _ in range(num_sessions):
         open_session(rng.uniform(0.0, mean_gap))
@@ -294,32 +292,18 @@ def multi_turn(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_sessions = _int("num_sessions", num_sessions, 1)
-    system_tokens = _int("system_tokens", system_tokens, 0)
-    message_tokens = _int("message_tokens", message_tokens, 1)
-    answer_tokens = _int("answer_tokens", answer_tokens, 0)
+    num_sessions = check_int(num_sessions, "num_sessions", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    message_tokens = check_int(message_tokens, "message_tokens", minimum=1)
+    answer_tokens = check_int(answer_tokens, "answer_tokens", minimum=0)
     mean_turns = _real("mean_turns", mean_turns, 1.0)
-    max_turns = _int("max_turns", max_turns, 1)
+    max_turns = check_int(max_turns, "max_turns", minimum=1)
     think_time = _real("think_time", think_time, 0.0)
     vocab_size = _vocab(vocab_size)
 
-    def run() -> Iterator[Request]:
-        rng = np.random.default_rng(seed)
-        system = _tokens(rng, system_tokens, vocab_size)
-        yield from _sessions(
-            rng,
-            num_requests,
-            num_sessions=num_sessions,
-            start=lambda: np.concatenate((system, _tokens(rng, message_tokens, vocab_size))),
-            step_tokens=message_tokens,
-            output_tokens=answer_tokens,
-            mean_steps=mean_turns,
-            max_steps=max_turns,
-            mean_gap=think_time,
-            vocab_size=vocab_size,
-        )
-
-    return run()
+    return _sessions(seed, num_requests, num_sessions=num_sessions, system_tokens=system_tokens,
+                     first_tokens=message_tokens, step_tokens=message_tokens, output_tokens=answer_tokens,
+                     mean_steps=mean_turns, max_steps=max_turns, mean_gap=think_time, vocab_size=vocab_size)
 
 
 def rag(
@@ -350,14 +334,14 @@ def rag(
     Cost: O(total tokens); documents are made on first retrieval.
     """
     seed, num_requests = _common(seed, num_requests)
-    num_docs = _int("num_docs", num_docs, 1)
-    doc_tokens = _int("doc_tokens", doc_tokens, 1)
-    docs_per_request = _int("docs_per_request", docs_per_request, 0)
+    num_docs = check_int(num_docs, "num_docs", minimum=1)
+    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
+    docs_per_request = check_int(docs_per_request, "docs_per_request", minimum=0)
     if docs_per_request > num_docs:
         raise ArgumentValueError(f"docs_per_request must be <= num_docs ({num_docs}), got {docs_per_request!r}")
-    system_tokens = _int("system_tokens", system_tokens, 0)
-    question_tokens = _int("question_tokens", question_tokens, 1)
-    output_tokens = _int("output_tokens", output_tokens, 0)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
@@ -403,33 +387,19 @@ def agent(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_agents = _int("num_agents", num_agents, 1)
-    system_tokens = _int("system_tokens", system_tokens, 0)
-    task_tokens = _int("task_tokens", task_tokens, 1)
-    action_tokens = _int("action_tokens", action_tokens, 0)
-    tool_tokens = _int("tool_tokens", tool_tokens, 0)
+    num_agents = check_int(num_agents, "num_agents", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    task_tokens = check_int(task_tokens, "task_tokens", minimum=1)
+    action_tokens = check_int(action_tokens, "action_tokens", minimum=0)
+    tool_tokens = check_int(tool_tokens, "tool_tokens", minimum=0)
     mean_steps = _real("mean_steps", mean_steps, 1.0)
-    max_steps = _int("max_steps", max_steps, 1)
+    max_steps = check_int(max_steps, "max_steps", minimum=1)
     step_time = _real("step_time", step_time, 0.0)
     vocab_size = _vocab(vocab_size)
 
-    def run() -> Iterator[Request]:
-        rng = np.random.default_rng(seed)
-        system = _tokens(rng, system_tokens, vocab_size)
-        yield from _sessions(
-            rng,
-            num_requests,
-            num_sessions=num_agents,
-            start=lambda: np.concatenate((system, _tokens(rng, task_tokens, vocab_size))),
-            step_tokens=tool_tokens,
-            output_tokens=action_tokens,
-            mean_steps=mean_steps,
-            max_steps=max_steps,
-            mean_gap=step_time,
-            vocab_size=vocab_size,
-        )
-
-    return run()
+    return _sessions(seed, num_requests, num_sessions=num_agents, system_tokens=system_tokens,
+                     first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
+                     mean_steps=mean_steps, max_steps=max_steps, mean_gap=step_time, vocab_size=vocab_size)
 
 
 def long_doc_qa(
@@ -455,10 +425,10 @@ def long_doc_qa(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_docs = _int("num_docs", num_docs, 1)
-    doc_tokens = _int("doc_tokens", doc_tokens, 1)
-    question_tokens = _int("question_tokens", question_tokens, 1)
-    output_tokens = _int("output_tokens", output_tokens, 0)
+    num_docs = check_int(num_docs, "num_docs", minimum=1)
+    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
@@ -493,8 +463,8 @@ def scan(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    prompt_tokens = _int("prompt_tokens", prompt_tokens, 1)
-    output_tokens = _int("output_tokens", output_tokens, 0)
+    prompt_tokens = check_int(prompt_tokens, "prompt_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
 

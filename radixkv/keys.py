@@ -243,16 +243,38 @@ def check_namespace(namespace: object) -> None:
                                      f"{exc.reason} at index {exc.start}") from None
 
 
-def check_positive_int(value: object, name: str, *, allow_zero: bool = False) -> int:
-    """Return ``value`` as an int if it is a (non-negative or) positive integer, else raise.
+def check_int(value: object, name: str, *, minimum: int = 0, maximum: Optional[int] = None,
+              bound: Optional[str] = None, type_error: type = ArgumentTypeError,
+              value_error: type = ArgumentValueError) -> int:
+    """Return ``value`` as an int if it is an integer in ``[minimum, maximum]``, else raise: the one integer rule.
 
-    Python and numpy integers pass; ``bool`` and floats (even integral ones) raise
-    :class:`TypeError`, out-of-range values :class:`ValueError`. O(1).
+    Every count, size and index radixkv takes as an argument goes through here,
+    so a Python or numpy integer passes everywhere and ``bool`` and floats (even
+    integral ones) fail everywhere, as :func:`is_int` says. A non-integer raises
+    ``type_error`` (:class:`~radixkv.errors.ArgumentTypeError` unless the caller
+    names its own subclass), a value outside the bounds raises ``value_error``
+    (:class:`~radixkv.errors.ArgumentValueError` by default), both naming
+    ``name`` and the value; ``bound`` is how the message states the bounds
+    (``">= minimum"`` or ``"in [minimum, maximum]"`` unless given). O(1).
     """
     if not is_int(value):
-        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
-    value = int(value)
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ArgumentValueError(f"{name} must be {bound}, got {value!r}")
-    return value
+        raise type_error(f"{name} must be an int, got {value!r}")
+    number = int(value)  # type: ignore[call-overload]
+    if number < minimum or (maximum is not None and number > maximum):
+        if bound is None:
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise value_error(f"{name} must be {bound}, got {number!r}")
+    return number
+
+
+def check_positive_int(value: object, name: str, *, allow_zero: bool = False,
+                       value_error: type = ArgumentValueError) -> int:
+    """Return ``value`` as an int if it is a (non-negative or) positive integer, else raise.
+
+    :func:`check_int` with ``minimum`` 1 (0 when ``allow_zero``): ``bool`` and
+    floats raise :class:`TypeError`, out-of-range values ``value_error`` (a
+    :class:`ValueError`). O(1).
+    """
+    if allow_zero:
+        return check_int(value, name, minimum=0, value_error=value_error)
+    return check_int(value, name, minimum=1, bound="> 0", value_error=value_error)

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Optional, Union
 
 from .cache import PrefixCache
-from .costs import HardwareSpec, ModelSpec
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from .errors import ArgumentValueError
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL, ReplayStats, RequestRecord
+from .stats import ReplayStats, RequestRecord
 from .traces import Request
 
 

@@ -45,15 +45,16 @@ import json
 import math
 import os
 from collections import deque
-from numbers import Integral, Real
+from numbers import Real
 from typing import Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
+from .keys import TOKEN_DTYPE, check_int
 from .tokenizer import tokenize
 from .tracefiles import open_binary, read_all
-from .traces import TOKEN_DTYPE, Request, brief, json_lines
+from .traces import Request, brief, json_lines
 
 ROLE_MARKERS = {
     "system": "<|im_start|>system\n",
@@ -125,10 +126,7 @@ def load_sharegpt(
     Cost: O(total tokens of all prompts), which is quadratic in the turns of
     one conversation since each prompt repeats the history.
     """
-    if isinstance(num_sessions, bool) or not isinstance(num_sessions, Integral):
-        raise ArgumentTypeError(f"num_sessions must be an int, got {num_sessions!r}")
-    if num_sessions < 1:
-        raise ArgumentValueError(f"num_sessions must be >= 1, got {num_sessions!r}")
+    num_sessions = check_int(num_sessions, "num_sessions", minimum=1)
     if isinstance(request_rate, bool) or not isinstance(request_rate, Real):
         raise ArgumentTypeError(f"request_rate must be a number, got {request_rate!r}")
     if not (request_rate > 0 and math.isfinite(request_rate)):

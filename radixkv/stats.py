@@ -49,15 +49,13 @@ from typing import Dict, Mapping, Optional, Union
 from cachetools import LRUCache
 import numpy as np
 
-from .costs import CostModel, HardwareSpec, ModelSpec, get_hardware, get_model, prefill_flops
+from .costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, HardwareSpec, ModelSpec, get_hardware, get_model,
+                    prefill_flops)
 from .errors import ArgumentTypeError
 from .traces import TOKEN_DTYPE, Request
 
 MISS_REASONS = ("first_sight", "evicted", "partial_page", "declined", "other_namespace")
 """Every reason a prompt token can miss, in the order they are checked (see the module doc)."""
-
-DEFAULT_MODEL = "llama-3-8b"
-DEFAULT_HARDWARE = "h100"
 
 _U64 = np.uint64
 _SALT_MEMO = 4096

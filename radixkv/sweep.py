@@ -18,12 +18,12 @@ import numpy as np
 from . import policies
 from .cache import PrefixCache
 from .capacity import parse_capacities, parse_capacity  # noqa: F401  (re-exported: sweep's capacities)
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_ids
 from .errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from .sources import open_trace
-from .stats import DEFAULT_HARDWARE, DEFAULT_MODEL
-from .traces import MOONCAKE_BLOCK_TOKENS, Request
+from .traces import MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, Request
 
 
 def parse_policies(text: str) -> List[str]:
@@ -140,15 +140,12 @@ def _page_ids(requests: Iterable[Request], page_size: int, mooncake: bool) -> It
     """
     by_blocks = mooncake and MOONCAKE_BLOCK_TOKENS % page_size == 0
     interners: dict = {}
-    blocks: dict = {}
+    blocks = MooncakeBlocks()
     for request in requests:
         tokens = request.tokens
         if by_blocks:
-            parent, block_ids = -1, []
-            for h in (np.asarray(tokens[::MOONCAKE_BLOCK_TOKENS]) // MOONCAKE_BLOCK_TOKENS).tolist():
-                parent = blocks.setdefault((request.namespace, parent, h), len(blocks))
-                block_ids.append(parent)
-            yield request, mooncake_page_ids(block_ids, len(tokens), page_size)
+            hash_ids = (np.asarray(tokens[::MOONCAKE_BLOCK_TOKENS]) // MOONCAKE_BLOCK_TOKENS).tolist()
+            yield request, mooncake_page_ids(blocks.ids(hash_ids, request.namespace), len(tokens), page_size)
         else:
             interner = interners.get(request.namespace)
             if interner is None:

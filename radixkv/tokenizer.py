@@ -33,12 +33,11 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from numbers import Integral
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
-from .traces import TOKEN_DTYPE
+from .errors import ArgumentTypeError
+from .keys import TOKEN_DTYPE, check_int
 
 DEFAULT_VOCAB_SIZE = 128_000
 """Default number of distinct ids, about the size of current LLM vocabularies (Llama 3: 128 256)."""
@@ -74,11 +73,7 @@ def _piece_id(piece: str, vocab_size: int) -> int:
 
 
 def _check_vocab_size(vocab_size: object) -> int:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, Integral):
-        raise ArgumentTypeError(f"vocab_size must be an int, got {vocab_size!r}")
-    if not 1 <= vocab_size <= _MAX_VOCAB_SIZE:
-        raise ArgumentValueError(f"vocab_size must be in [1, 2**32], got {vocab_size!r}")
-    return int(vocab_size)
+    return check_int(vocab_size, "vocab_size", minimum=1, maximum=_MAX_VOCAB_SIZE, bound="in [1, 2**32]")
 
 
 def tokenize(text: str, vocab_size: int = DEFAULT_VOCAB_SIZE) -> np.ndarray:

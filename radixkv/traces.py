@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, List, Optional
 
 import numpy as np
 
 from .errors import ArgumentValueError, TraceFormatError
+from .keys import MAX_TOKEN, TOKEN_DTYPE
 from .tracefiles import compression, read_lines, resolve
 
 MOONCAKE_BLOCK_TOKENS = 512
-TOKEN_DTYPE = np.uint32
 INT64_MAX = int(np.iinfo(np.int64).max)
 
 
@@ -50,6 +50,28 @@ def expand_mooncake(hash_ids: list, input_length: int) -> np.ndarray:
     base = np.asarray(hash_ids, dtype=np.int64) * MOONCAKE_BLOCK_TOKENS
     tokens = (base[:, None] + np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.int64)).ravel()
     return tokens[:input_length].astype(TOKEN_DTYPE)
+
+
+class MooncakeBlocks:
+    """Dense ids for Mooncake hash-id prefixes: ``ids(hash_ids)[k]`` names ``hash_ids[:k+1]``.
+
+    Prefixes are interned chained, ``(namespace, parent id, hash id) -> id``, so
+    equal ids mean equal prefixes within a namespace without relying on the
+    trace's ids being chained hashes. This is what lets the LRU curve key a
+    page as (block id, offset in the block) instead of expanding 512 tokens a
+    block. Cost: one dict lookup per block; memory O(distinct prefixes).
+    """
+
+    def __init__(self) -> None:
+        self._table: dict = {}
+
+    def ids(self, hash_ids: Iterable[int], namespace: Optional[str] = None) -> List[int]:
+        """The id of each prefix ``hash_ids[:k+1]`` in ``namespace``, interning new ones."""
+        table, out, parent = self._table, [], -1
+        for h in hash_ids:
+            parent = table.setdefault((namespace, parent, h), len(table))
+            out.append(parent)
+        return out
 
 
 FORMATS = ("tokens", "mooncake")
@@ -222,13 +244,13 @@ def _int_list(record: dict, name: str, path: str, lineno: int, limit: int) -> np
 
 
 def _parse_tokens(record: dict, path: str, lineno: int) -> Request:
-    tokens = _int_list(record, "tokens", path, lineno, int(np.iinfo(TOKEN_DTYPE).max)).astype(TOKEN_DTYPE)
+    tokens = _int_list(record, "tokens", path, lineno, MAX_TOKEN).astype(TOKEN_DTYPE)
     ts = _time_field(record, path, lineno, 1.0)
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
     return Request(tokens, ts, out, _namespace_field(record, path, lineno))
 
 
-MAX_MOONCAKE_HASH_ID = (int(np.iinfo(TOKEN_DTYPE).max) + 1) // MOONCAKE_BLOCK_TOKENS - 1
+MAX_MOONCAKE_HASH_ID = (MAX_TOKEN + 1) // MOONCAKE_BLOCK_TOKENS - 1
 """Largest hash id whose 512 token ids fit :data:`TOKEN_DTYPE`."""
 
 

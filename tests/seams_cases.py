@@ -176,7 +176,7 @@ def repro_6():
 #    closing the cache whose namespace is "team" deletes the pages of a cache sharing the server under
 #    "team:eu" (and a namespace holding glob characters, "t[1]", never clears its own keys).
 def repro_7():
-    from radixkv.tiers.localredis import LocalRedis
+    from radixkv.testing.localredis import LocalRedis
     from radixkv.tiers.redis_backend import RedisBackend
 
     with LocalRedis() as server:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from radixkv.curve import LruStackDistances, PageInterner, lru_curve, lru_curve_mooncake
 from radixkv.errors import TraceFormatError
-from radixkv.reference import ReferenceLru, reference_lru_replay
+from radixkv.testing.reference import ReferenceLru, reference_lru_replay
 from radixkv.traces import expand_mooncake
 
 from .shared_traces import CONVERSATION as _CONVERSATION

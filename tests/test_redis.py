@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from radixkv.tiers import HostTier, RemoteHostError, RemoteTier, SimulatedHosts, TierConfigError, TieredCache
-from radixkv.tiers.localredis import LocalRedis, free_port
+from radixkv.testing.localredis import LocalRedis, free_port
 
 from .test_tiers_payload import KV, PS, admit_and_verify
 

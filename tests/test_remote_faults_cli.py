@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 import radixkv.cli as cli
 from radixkv.tiers import remote
-from radixkv.tiers.localredis import LocalRedis
+from radixkv.testing.localredis import LocalRedis
 
 from .test_redis import _require_redis
 from .test_tiers_cli import cyclic_trace  # noqa: F401  (fixture: six 8-page prompts, round robin)

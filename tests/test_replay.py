@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from radixkv import PrefixCache
 from radixkv.cli import main
 from radixkv.generators import generate
-from radixkv.reference import reference_lru_replay
+from radixkv.testing.reference import reference_lru_replay
 from radixkv.replay import replay
 from radixkv.traces import Request, TraceReader
 

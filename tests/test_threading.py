@@ -1,4 +1,4 @@
-"""Threading model: a single-owner cache, copies on worker threads (radixkv.workers).
+"""Threading model: a single-owner cache, copies on worker threads (radixkv.testing.workers).
 
 The stress test runs loads (remote -> HBM) and stores (HBM -> remote) on four
 copy threads that dawdle in the middle of every page, while the owner thread
@@ -20,7 +20,7 @@ import pytest
 
 from radixkv import PrefixCache
 from radixkv.pool import HELD
-from radixkv.workers import TransferWorker
+from radixkv.testing.workers import TransferWorker
 
 PAGE = 4
 

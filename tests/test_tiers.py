@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from radixkv import PrefixCache
 from radixkv.costs import CostModel, get_hardware, get_model
-from radixkv.reference import reference_lru_replay
+from radixkv.testing.reference import reference_lru_replay
 from radixkv.tiers import HostTier, RemoteTier, TierConfigError, TieredCache
 
 PS = 2

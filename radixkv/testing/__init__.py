@@ -19,14 +19,37 @@ them for SGLang's ``RadixCache`` and ``UnifiedRadixCache`` and vLLM's
 ``BlockPool`` (imported only where those engines are installed).
 
 radixkv's own :class:`~radixkv.PrefixCache` runs through :class:`RadixKVTarget`.
-Needs ``hypothesis`` (``pip install radixkv[test]``).
+Needs ``hypothesis`` (``pip install radixkv[test]``), loaded on first use of the
+machine or the strategies, so the fixtures beside the kit import without it:
+:mod:`radixkv.testing.reference` (the independent LRU replay oracle),
+:mod:`radixkv.testing.workers` (transfer worker threads) and
+:mod:`radixkv.testing.localredis` (throwaway ``redis-server`` processes).
 """
 
-from .machine import Target, conformance_settings, make_state_machine, run_conformance
+import importlib
+from typing import Any, List
+
 from .protocol import EventContents, Match, PageKey, PrefixCacheUnderTest, RadixKVTarget
-from . import strategies
+
+_HYPOTHESIS_PARTS = {"Target": "machine", "conformance_settings": "machine", "make_state_machine": "machine",
+                     "run_conformance": "machine", "strategies": "strategies"}
 
 __all__ = [
     "EventContents", "Match", "PageKey", "PrefixCacheUnderTest", "RadixKVTarget", "Target", "conformance_settings",
     "make_state_machine", "run_conformance", "strategies",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the hypothesis-backed part that defines ``name`` on first access (PEP 562)."""
+    module = _HYPOTHESIS_PARTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    loaded = importlib.import_module(f".{module}", __name__)
+    value = loaded if name == module else getattr(loaded, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(_HYPOTHESIS_PARTS))

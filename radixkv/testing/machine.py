@@ -41,7 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from .protocol import PageKey, PrefixCacheUnderTest
+from .protocol import PageKey, PrefixCacheUnderTest, longest_cached
 from .strategies import shared_prefix_pairs, token_lists
 
 Factory = Callable[[], PrefixCacheUnderTest]
@@ -159,14 +159,7 @@ def make_state_machine(
 
         # -------------------------------------------------------- model helpers
         def _longest(self, tokens: Sequence[int], namespace: Optional[Hashable]) -> List[int]:
-            blocks = []
-            p = self.page_size
-            for end in range(p, len(tokens) + 1, p):
-                block = self.model.get((namespace, tuple(tokens[:end])))
-                if block is None:
-                    break
-                blocks.append(block)
-            return blocks
+            return longest_cached(self.model, tokens, self.page_size, namespace)
 
         def _hit(self, tokens: Sequence[int], namespace: Optional[Hashable]) -> List[int]:
             """The blocks a match of ``tokens`` must return: the cached run, cut by ``max_hit``."""

@@ -12,7 +12,8 @@ cannot walk their pages.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import (Any, Dict, Hashable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple,
+                    runtime_checkable)
 
 import numpy as np
 
@@ -21,6 +22,44 @@ from ..keys import TOKEN_DTYPE
 
 PageKey = Tuple[Optional[Hashable], Tuple[int, ...]]
 """A cached page, named by ``(namespace, every token from the start through that page)``."""
+
+
+def longest_cached(pages: Mapping[PageKey, int], tokens: Sequence[int], page_size: int,
+                   namespace: Optional[Hashable] = None) -> List[int]:
+    """Blocks of the longest run of whole pages of ``tokens`` that ``pages`` holds: what a match
+    must return according to a page-set model. O(len(tokens)) page lookups."""
+    blocks = []
+    tokens = tuple(int(t) for t in tokens)
+    for end in range(page_size, len(tokens) + 1, page_size):
+        block = pages.get((namespace, tokens[:end]))
+        if block is None:
+            break
+        blocks.append(block)
+    return blocks
+
+
+def page_map(cache: PrefixCache, *, with_locks: bool = False) -> Dict[PageKey, Any]:
+    """Every page in ``cache``'s HBM tree as ``(namespace, token prefix through the page) -> block``.
+
+    With ``with_locks`` the value is ``(block, lock count of its node)``, which does not
+    depend on how the pages happen to be split into nodes. Read through
+    :meth:`~radixkv.PrefixCache.namespace_roots`; touches nothing. O(cached tokens).
+    """
+    p = cache.page_size
+    out: Dict[PageKey, Any] = {}
+    for namespace, root in cache.namespace_roots():
+        stack = [(root, ())]
+        while stack:
+            node, prefix = stack.pop()
+            for child in (node.children or {}).values():
+                tokens = np.frombuffer(child.key, dtype=TOKEN_DTYPE, count=child.num_pages * p).tolist()
+                path = prefix
+                for i in range(child.num_pages):
+                    path = path + tuple(tokens[i * p : (i + 1) * p])
+                    block = int(child.blocks[i])
+                    out[(namespace, path)] = (block, child.lock_ref) if with_locks else block
+                stack.append((child, path))
+    return out
 
 
 class Match(NamedTuple):
@@ -138,22 +177,8 @@ class RadixKVTarget:
         self.cache.check()
 
     def contents(self) -> Dict[PageKey, int]:
-        """Every cached page, from the tree. O(cached tokens)."""
-        cache = self.cache
-        p = cache.page_size
-        out: Dict[PageKey, int] = {}
-        for namespace, root in cache.namespace_roots():
-            stack = [(root, ())]
-            while stack:
-                node, prefix = stack.pop()
-                for child in (node.children or {}).values():
-                    tokens = np.frombuffer(child.key, dtype=TOKEN_DTYPE, count=child.num_pages * p).tolist()
-                    path = prefix
-                    for i in range(child.num_pages):
-                        path = path + tuple(tokens[i * p : (i + 1) * p])
-                        out[(namespace, path)] = int(child.blocks[i])
-                    stack.append((child, path))
-        return out
+        """Every cached page, from the tree (:func:`page_map`). O(cached tokens)."""
+        return page_map(self.cache)
 
     def __repr__(self) -> str:
         return f"RadixKVTarget({self.cache.policy.name}, page_size={self.page_size}, num_blocks={self.num_blocks})"

@@ -21,7 +21,8 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import policies as _policies
-from ..errors import ArgumentTypeError, RadixKVError
+from ..errors import RadixKVError
+from ..keys import check_positive_int
 from ..tree import Node
 from ..victims import VictimQueue
 
@@ -100,11 +101,7 @@ def checksums(pages: np.ndarray) -> np.ndarray:
 
 def check_capacity(value: object, name: str) -> int:
     """``value`` as a positive int, or :class:`TierConfigError` / ``TypeError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name} must be an int, got {value!r}")
-    if value <= 0:
-        raise TierConfigError(f"{name} must be > 0, got {value!r}")
-    return int(value)
+    return check_positive_int(value, name, value_error=TierConfigError)
 
 
 class PolicyScope:
@@ -135,8 +132,6 @@ class Tier:
             go, on a clock of its own, and never consults ``admit`` (bypass). Use belady
             for HBM over online tiers.
     """
-
-    kind = "tier"
 
     def __init__(self, name: str, policy: Union[str, "_policies.EvictionPolicy"] = "lru") -> None:
         if not isinstance(name, str) or not name or name == "hbm":

@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import policies as _policies
 from ..cache import Admission, PrefixCache
-from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
+from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..errors import ArgumentTypeError
 from ..events import MEDIUM_GPU, TIER_MEDIUM, KVCacheEvent
 from ..keys import TokensLike, is_int
@@ -58,7 +58,7 @@ TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",)}
 
 def default_cost_model(page_size: int) -> CostModel:
     """Llama-3-8B on an H100 (see :mod:`radixkv.costs` for the figures and their sources)."""
-    return CostModel(get_model("llama-3-8b"), get_hardware("h100"), page_size, tier_paths=TIER_PATHS)
+    return CostModel(get_model(DEFAULT_MODEL), get_hardware(DEFAULT_HARDWARE), page_size, tier_paths=TIER_PATHS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,6 @@ class HostTier(Tier):
     1024
     """
 
-    kind = "host"
-
     def __init__(self, num_blocks: int, policy: Union[str, "_policies.EvictionPolicy"] = "lru",
                  name: str = "host") -> None:
         super().__init__(name, policy)

@@ -131,8 +131,6 @@ class RemoteTier(Tier):
         policy: eviction policy ranking the tier's pages.
     """
 
-    kind = "remote"
-
     def __init__(self, blocks_per_host: int, num_hosts: int = 1, backend: Optional[RemoteBackend] = None,
                  policy: Union[str, "_policies.EvictionPolicy"] = "lru", name: str = "remote") -> None:
         super().__init__(name, policy)

@@ -40,8 +40,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from .errors import ArgumentTypeError
-from .keys import check_positive_int
+from ..errors import ArgumentTypeError
+from ..keys import check_positive_int
 
 
 class Transfer:

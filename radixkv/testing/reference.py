@@ -35,8 +35,7 @@ from typing import Iterable
 import numpy as np
 from sortedcontainers import SortedList
 
-from .errors import ArgumentTypeError, ArgumentValueError
-from .keys import as_tokens
+from ..keys import as_tokens, check_int
 
 __all__ = ["ReferenceLru", "ReferenceResult", "reference_lru_replay"]
 
@@ -77,16 +76,8 @@ class ReferenceLru:
     """
 
     def __init__(self, page_size: int, num_blocks: int) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, (int, np.integer)):
-            raise ArgumentTypeError(f"page_size must be an int, got {page_size!r}")
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, (int, np.integer)):
-            raise ArgumentTypeError(f"num_blocks must be an int, got {num_blocks!r}")
-        if page_size < 1:
-            raise ArgumentValueError(f"page_size must be >= 1, got {page_size!r}")
-        if num_blocks < 0:
-            raise ArgumentValueError(f"num_blocks must be >= 0, got {num_blocks!r}")
-        self.page_size = int(page_size)
-        self.num_blocks = int(num_blocks)
+        self.page_size = check_int(page_size, "page_size", minimum=1)
+        self.num_blocks = check_int(num_blocks, "num_blocks", minimum=0)
         self.clock = 0
         self.evicted_blocks = 0
         # (parent identity, page bytes) -> identity; exact, so no hash collisions.
