@@ -20,7 +20,7 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
   borrowed page moves to another creditor with room (the new block is
   reserved before the copy) or is demoted to the debtor's next tier (host) or
   dropped, with the borrowed pages below it, so no copy is left behind a
-  missing prefix (:func:`~radixkv.tiers.cache.stranded_copies`, asserted by :meth:`Cluster.check`);
+  missing prefix (:func:`~radixkv.tiers.tiered.stranded_copies`, asserted by :meth:`Cluster.check`);
 * a creditor that crashes (:meth:`Cluster.crash`) takes the pages it held
   and the pages below them: its debtors forget them and the debt is written
   off. The ledger (debt matrix) always equals the loans held.
@@ -48,7 +48,7 @@ from .traces import Request
 from .replay import pages_loaded
 from .stats import ReplayStats
 from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
-from .tiers.cache import TieredCache
+from .tiers.tiered import TieredCache
 from .tiers.host import HostTier
 from .tiers.stack import TierStack
 from .tree import Node

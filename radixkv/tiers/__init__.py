@@ -9,7 +9,7 @@ engine's eviction and match.
 """
 
 from .base import Copy, RemoteHostError, Tier, TierConfigError, checksums
-from .cache import LOAD_BACK, TIER_PATHS, WRITE_POLICIES, TieredCache, TierStats, default_cost_model
+from .tiered import LOAD_BACK, TIER_PATHS, WRITE_POLICIES, TieredCache, TierStats, default_cost_model
 from .host import HostTier
 from .remote import HostDown, RemoteBackend, RemoteTier, SimulatedHosts
 from .redis_backend import RedisBackend
