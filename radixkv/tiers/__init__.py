@@ -4,8 +4,8 @@
 >>> cache = TieredCache(1024, tiers=[HostTier(4096), RemoteTier(blocks_per_host=8192, num_hosts=2)])
 
 Layering: the tree knows nothing of tiers; :class:`TierStack` keeps lower
-residency in a spill tree of its own; :class:`TieredCache` hooks it into the
-engine's eviction and match.
+residency in a spill tree of its own; :class:`TieredCache` puts it behind the
+engine's lower-tier seam (:mod:`radixkv.lower`) as a ``TierLayer``.
 """
 
 from .base import Copy, RemoteHostError, Tier, TierConfigError, checksums

@@ -97,6 +97,8 @@ class TierStack:
     def __init__(self, tiers: Sequence[Tier], page_size: int, has_payload: bool,
                  ledger: TransferLedger, page_bytes: int, leaves_first: bool = True) -> None:
         self.tiers: List[Tier] = list(tiers)
+        for tier in self.tiers:
+            tier.stack = self
         self.leaves_first = leaves_first
         self._index = {id(t): i for i, t in enumerate(self.tiers)}
         self.tree = RadixTree(page_size)
@@ -287,6 +289,20 @@ class TierStack:
                 up.blockers -= 1
                 self._rank(parent)
             node = parent
+
+    def split_copy(self, node: Node, pages: int) -> Node:
+        """Cut resident ``node`` after ``pages`` pages; return the new upper node (``node`` keeps the tail).
+
+        For a tier that moves single pages of a node (a recalled loan). O(pages of node).
+        """
+        return self._split(node, pages)
+
+    def forget_copy(self, node: Node) -> None:
+        """Forget resident ``node``'s copy: its slots go back to its tier, the node leaves the spill
+        tree (with placeholders above it that held nothing else). For storage that is gone (a crashed
+        lender); the caller forgets the copies below first. O(depth)."""
+        node.ext.tier.give(self._release(node).slots)
+        self._drop(node)
 
     def _drop(self, node: Node) -> None:
         self._set_ext(node, None)

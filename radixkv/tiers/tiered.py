@@ -1,12 +1,15 @@
 """The tiered engine: :class:`TieredCache`, a :class:`~radixkv.cache.PrefixCache` whose evictions spill.
 
 HBM is the engine's own tree and pool, unchanged; lower tiers (host DRAM,
-remote hosts) hang off two hooks: the engine's eviction calls
-:meth:`TieredCache._spill` before it drops a leaf's tail (write-back demotes
-the pages), and :meth:`TieredCache._descend` continues a match below HBM,
-loading pages back when the cost model says loading beats recomputing
-(Mooncake's rule) and there is room. A plain :class:`PrefixCache` runs none
-of this code.
+remote hosts) sit behind the engine's seam (:mod:`radixkv.lower`) as a
+:class:`TierLayer`, which :class:`TieredCache` builds and hands to
+:class:`PrefixCache` by composition. The engine calls it before it drops a
+leaf's tail (``evicting``: write-back demotes the pages) and when a match
+continues below HBM (``lookup`` / ``prepare_load`` / ``complete_load``:
+pages are loaded back when the cost model says loading beats recomputing,
+Mooncake's rule, and there is room; the engine takes the blocks itself).
+The layer reaches the engine only through its public methods. A plain
+:class:`PrefixCache` runs none of this code.
 
 Write policies, as SGLang HiCache names them:
 
@@ -39,11 +42,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from .. import policies as _policies
-from ..cache import Admission, PrefixCache
+from ..cache import PrefixCache
 from ..costs import DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..errors import ArgumentTypeError
 from ..events import MEDIUM_GPU, TIER_MEDIUM, KVCacheEvent
 from ..keys import TokensLike, is_int
+from ..lower import Load, LowerLayer
 from ..tree import Node
 from .base import Copy, Tier, TierConfigError
 from .stack import TierStack, path_data
@@ -102,33 +106,318 @@ class TierStats:
         return asdict(self)
 
 
-class _TieredAdmission(Admission):
-    """An admission with new pages: they are marked unwritten until :meth:`release`, which may copy them down."""
+class _Write:
+    """An open admission's new pages (see :meth:`TierLayer.admitted`): where they go once written."""
 
-    __slots__ = ("_root", "_data", "_start")
+    __slots__ = ("root", "key", "start", "blocks")
 
-    def __init__(self, base: Admission, root: Node, data: bytes, start: int) -> None:
-        super().__init__(base._cache, base.hit_tokens, base.blocks, base.new_blocks, base.node)
-        self._root = root
-        self._data = data
-        self._start = start
+    def __init__(self, root: Node, key: bytes, start: int, blocks: np.ndarray) -> None:
+        self.root = root
+        self.key = key
+        self.start = start
+        self.blocks = blocks
 
-    def release(self) -> None:
-        if self._released:
+
+class TierLayer(LowerLayer):
+    """The lower tiers of one cache behind the engine's seam: a :class:`TierStack` and the write policy.
+
+    Built by :class:`TieredCache` (which validates the arguments) and bound to
+    it by the engine; it reaches the engine only through public methods.
+
+    Args: as :class:`TieredCache`'s of the same names (``tiers`` validated).
+    """
+
+    def __init__(self, tiers: List[Tier], write_policy: str, write_through_threshold: int, load_back: str,
+                 cost_model: Optional[CostModel], kv_shape: Optional[Sequence[int]], dtype: Any) -> None:
+        self._tiers = tiers
+        self.write_policy = write_policy
+        self.write_through_threshold = int(write_through_threshold)
+        self.load_back = load_back
+        self.cost_model = cost_model
+        self._kv = (kv_shape, dtype)
+        self.exclusive = write_policy == "write_back"
+        self.selective = write_policy == "write_through_selective"
+        self.cache: Optional[PrefixCache] = None
+        self.stack: Optional[TierStack] = None
+
+    def bind(self, cache: PrefixCache) -> None:
+        """Check the cost model against ``cache``, attach the tiers, build the stack. Raises
+        :class:`TierConfigError` / ``TypeError`` on a cost model that does not fit, or when the
+        layer serves a cache already."""
+        if self.cache is not None:
+            raise TierConfigError("a TierLayer serves one cache; build one per cache")
+        page_size = cache.page_size
+        cost_model = self.cost_model
+        if cost_model is None:
+            cost_model = default_cost_model(page_size)
+        elif not isinstance(cost_model, CostModel):
+            raise ArgumentTypeError(f"cost_model must be a CostModel, got {cost_model!r}")
+        elif cost_model.page_size != page_size:
+            raise TierConfigError(f"cost_model.page_size must equal page_size={page_size}, "
+                                  f"got {cost_model.page_size!r}")
+        tiers = self._tiers
+        for tier in tiers:
+            if tier.name not in cost_model.tier_paths:
+                raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
+                                      f"known: {', '.join(cost_model.tier_paths)}")
+        for tier in tiers:
+            tier.attach_policy(page_size, cost_model)
+        for tier in tiers:
+            tier.attach(page_size, *self._kv)
+        self.cost_model = cost_model
+        self.cache = cache
+        payload = cache.payload
+        page_bytes = payload[0].nbytes if payload is not None else cost_model.page_bytes
+        self.page_size = page_size
+        self.page_bytes = page_bytes
+        # Blocks of open admissions' new pages: their KV is not written yet, so no copy leaves HBM.
+        self.pending = np.zeros(cache.num_blocks, dtype=bool)
+        self.open_writes = 0  # open admissions with new pages (0: skip every pending lookup)
+        self.stack = TierStack(tiers, page_size, payload is not None,
+                               TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes,
+                               leaves_first=self.exclusive)
+        self.events = cache.event_log
+        self._new_spill_tree()
+        if self.events is not None:
+            self.stack.journal = []  # residency changes below HBM, reported by report
+        self.zero_stats()
+
+    def _new_spill_tree(self) -> None:
+        self.stack.tree.on_root_emptied = self._spill_root_emptied
+
+    def zero_stats(self) -> None:
+        """Zero hits per tier, recomputes and the stack's counters. O(tiers)."""
+        self.hit_pages: Dict[str, int] = {HBM: 0, **{t.name: 0 for t in self.stack.tiers}}
+        self.recomputed_pages = 0
+        stack = self.stack
+        stack.ledger.reset()
+        stack.dropped_pages = stack.integrity_misses = stack.lost_pages = 0
+        stack.tier_errors = 0
+
+    # ------------------------------------------------------------------ seam: store
+    def evicting(self, node: Node, k: int) -> None:
+        """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
+        if not self.exclusive or not self.stack.tiers:
             return
-        try:
-            self._cache._written(self)
-        finally:  # the lock goes whatever the copy-down did
-            super().release()
+        root, data = path_data(node, self.stack.tree.page_bytes)
+        payload = self.cache.payload
+        pages = payload[node.blocks[node.num_pages - k:]] if payload is not None else None
+        self.stack.put(root, data, node.end - k, node.end, pages)
+        self.report()
 
-    def abort(self) -> None:
-        """As :meth:`Admission.abort`: the new pages are uncached and never copied below HBM."""
-        if self._released:
+    def admitted(self, root: Node, key: bytes, start: int, new_blocks: np.ndarray) -> Optional[_Write]:
+        """The new pages are copied below HBM no earlier than the release (write-through, selective)."""
+        # Write-back copies only at eviction, and an open admission's pages are locked: nothing to track.
+        if self.exclusive or not self.stack.tiers:
+            return None
+        self.pending[new_blocks] = True
+        self.open_writes += 1
+        return _Write(root, key, start, new_blocks)
+
+    def unwritten(self, record: _Write) -> None:  # type: ignore[override]
+        """The admission ends without KV (aborted, or uncached by another's abort): nothing is copied."""
+        self._closed(record)
+
+    def _closed(self, record: _Write) -> None:
+        self.pending[record.blocks] = False
+        self.open_writes -= 1
+
+    def written(self, record: _Write, node: Node) -> None:
+        """The admission is being released: its new pages hold KV now; copy down what is due."""
+        self._closed(record)
+        root, data, start = record.root, record.key, record.start
+        if not self.selective:
+            self._copy_down(root, data, start, record.blocks)
             return
-        try:
-            self._cache._not_written(self)
-        finally:
-            super().abort()
+        # Pages hit often enough while their KV was being written: the nodes (split or not)
+        # from the admission's deepest page up to its first one.
+        due = []
+        while node.parent is not None and node.end > start:
+            if (node.ext or 0) >= self.write_through_threshold:
+                due.append(node)
+            node = node.parent
+        for node in reversed(due):
+            self._copy_down(root, data, node.start, node.blocks)
+
+    def inserted(self, root: Optional[Node], key: bytes, start: int, blocks: np.ndarray) -> None:
+        """Under write-through the inserted pages are copied down at once."""
+        if self.exclusive or self.selective or not self.stack.tiers:
+            return
+        self._copy_down(root, key, start, blocks.astype(np.int32))
+
+    # ------------------------------------------------------------------ seam: load
+    def lookup(self, root: Node, key: bytes, node: Node, pos: int, num_pages: int, use: bool):
+        """Count the HBM hit (and selective hit counts); find the pages continuing below HBM."""
+        stack = self.stack
+        if use:
+            self.hit_pages[HBM] += pos
+            if self.selective and pos:
+                self._count_hits(node, key)
+        if not stack.num_pages or (pos >= num_pages and self.exclusive):
+            return None
+        run = stack.lookup(root, key, pos, num_pages, touch=use)
+        if not run or self.load_back == "never":
+            return None
+        return run
+
+    def prepare_load(self, found: List[Node], pos: int, room: int, use: bool) -> Load:
+        """Read the pages of ``found`` worth loading (:meth:`plan`) that fit in ``room``."""
+        plan = self.plan(found, pos, room, use)
+        if not plan:
+            return Load(0, None)
+        got, payload, by_tier = self.stack.fetch(found, plan, self.exclusive)
+        self.report()
+        return Load(got, payload, by_tier)
+
+    def complete_load(self, load: Load, use: bool) -> None:
+        if use:
+            for name, pages in load.receipt:
+                self.hit_pages[name] += pages
+
+    def plan(self, run: List[Node], pos: int, room: int, use: bool = True) -> int:
+        """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing.
+
+        Counts the rest as recomputed when ``use`` (a request's lookup, not a pin)."""
+        total = i = 0
+        always = self.load_back == "always"
+        found = sum(n.num_pages for n in run)
+        while i < len(run) and total < room:
+            tier = run[i].ext.tier
+            seg = 0
+            while i < len(run) and run[i].ext.tier is tier:
+                seg += run[i].num_pages
+                i += 1
+            if not always and not self.cost_model.should_load((pos + total) * self.page_size, seg, tier.name):
+                break
+            take = min(seg, room - total)
+            total += take
+            if take < seg:
+                break
+        if use:
+            self.recomputed_pages += found - total
+        return total
+
+    # ------------------------------------------------------------------ seam: tree
+    def split(self, upper: Node, lower: Node) -> None:
+        upper.ext = lower.ext  # hit count (selective write-through)
+
+    def keeps_root(self, root: Node) -> bool:
+        """An HBM root stays while the spill tree holds pages under it (the tiers key pages by it)."""
+        spill_root = self.stack.tree.find_root(root)
+        return spill_root is not None and spill_root.children is not None
+
+    def root_released(self, root: Node, registered: bool) -> None:
+        tree = self.stack.tree
+        spill_root = tree.find_root(root)
+        if spill_root is not None and spill_root.children is None and not registered:
+            tree.discard_root(spill_root)  # its key, the HBM root, is gone for good
+
+    def _spill_root_emptied(self, spill_root: Node) -> None:
+        """The lower tiers dropped the last page of a namespace: drop its roots if HBM holds none either."""
+        self.cache.release_root(spill_root.namespace)  # the spill tree is keyed by HBM roots
+
+    def aborted(self, top: Node) -> None:
+        """An abort uncaches ``top`` and its subtree: forget every lower copy from its first page down."""
+        if self.stack.num_pages:
+            root, data = path_data(top, self.stack.tree.page_bytes)
+            self.stack.discard(root, data[: (top.start + 1) * self.stack.tree.page_bytes], top.start)
+
+    # ------------------------------------------------------------------ seam: life
+    def check(self) -> None:
+        """The stack (spill tree, residency, slots, queues); under write-back also that every lower
+        copy is reachable (:meth:`stranded`)."""
+        self.stack.check()
+        if self.exclusive:
+            stranded = self.stranded()
+            assert not stranded, f"lower copies no lookup can reach: {stranded[:3]}"
+
+    def reset(self) -> None:
+        """Report what is pending, forget every lower copy and zero the counters."""
+        self.report()
+        self.stack.reset()
+        self._new_spill_tree()
+        self.zero_stats()
+
+    def close(self) -> None:
+        for tier in self.stack.tiers:
+            tier.close()
+
+    # ------------------------------------------------------------------ internals
+    def report(self) -> None:
+        """Turn the stack's journal of lower-tier residency changes into events, in order.
+
+        Per medium, the events are then a faithful log: a page stored on a
+        lower tier is reported (``BlockDemoted``, on the tier that took it,
+        from the medium it came from), and so is every page leaving one
+        (``BlockRemoved`` when it was cascaded down, dropped, refused a later
+        home, failed its checksum or was lost with its host; ``BlockPromoted``
+        when it moved up to HBM). Cost: O(depth) hashes per change.
+        """
+        stack = self.stack
+        journal = stack.journal
+        if not journal:
+            return
+        stack.journal = []
+        medium = {t.name: TIER_MEDIUM.get(t.name, t.name.upper()) for t in stack.tiers}
+        medium[HBM] = MEDIUM_GPU
+        for kind, root, data, start, tier, source in journal:
+            self.events.lower_tier(kind, root, data, start, medium=medium[tier], source_medium=medium[source])
+
+    def _copy_down(self, root: Optional[Node], data: bytes, start: int, blocks: np.ndarray) -> None:
+        """Copy pages ``start..`` (in HBM ``blocks``) to the first lower tier (write-through)."""
+        if root is None or not len(blocks):
+            return
+        payload = self.cache.payload
+        pages = payload[blocks] if payload is not None else None
+        self.stack.put(root, data, start, start + len(blocks), pages)
+        self.report()
+
+    def _count_hits(self, node: Node, data: bytes) -> None:
+        """Selective write-through: count a hit on every matched node; copy down at the threshold.
+
+        A node of an open admission reaches the threshold before its KV is written: it is
+        copied at that admission's release instead (:meth:`written`).
+        """
+        threshold = self.write_through_threshold
+        path = []
+        n = node
+        while n.parent is not None:
+            n.ext = (n.ext or 0) + 1
+            if n.ext == threshold:
+                path.append(n)
+            n = n.parent
+        pending = self.pending if self.open_writes else None
+        for n in reversed(path):
+            if pending is not None and pending[n.blocks].any():
+                continue
+            self._copy_down(n_root(n), data, n.start, n.blocks)
+
+    def stranded(self) -> List[Node]:
+        """Lower-tier copies (write-back) that no lookup can reach: the ones to free.
+
+        A lower-tier hit needs the whole prefix, so a copy is reachable only while
+        every page above it is in HBM or has a lower copy itself. A copy below a
+        placeholder (a spill-tree page with no copy) whose page is not in HBM
+        holds its slot (for a borrowed page, a creditor's HBM block) and can
+        never be served. By HBM's prefix closure only a placeholder parent of a
+        copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
+        placeholder parent of a copy.
+        """
+        out: List[Node] = []
+        page_bytes = self.stack.tree.page_bytes
+        for hbm_root, root in self.stack.tree.roots():
+            todo = [(child, True) for child in (root.children or {}).values()]
+            while todo:
+                node, reachable = todo.pop()
+                if isinstance(node.ext, Copy):
+                    if not reachable:
+                        out.append(node)
+                elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
+                    # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
+                    _, data = path_data(node, page_bytes)
+                    reachable = self.cache.prefix_pages(hbm_root, data, node.end) >= node.end
+                todo.extend((child, reachable) for child in (node.children or {}).values())
+        return out
 
 
 class TieredCache(PrefixCache):
@@ -142,6 +431,19 @@ class TieredCache(PrefixCache):
     8
     >>> cache.tier_stats().hit_tokens_by_tier
     {'hbm': 4, 'host': 4}
+
+    :meth:`admit` and :meth:`insert` are :class:`PrefixCache`'s: an admission
+    may load pages back from lower tiers (counted as hits); its new pages are
+    copied below HBM no earlier than :meth:`Admission.release`, by which time
+    the caller has written their KV (write-through copies them there,
+    selective write-through those already hit ``write_through_threshold``
+    times). Under write-through, :meth:`insert` copies the new pages down at
+    once: its ``blocks`` must hold written KV (an engine inserts after the
+    prefill that filled them). :meth:`check` adds every lower tier (spill
+    tree, residency, slots, queues; under write-back also that every lower
+    copy is reachable: :func:`stranded_copies`); :meth:`reset` drops every
+    cached page in every tier and zeroes the tier counters; :meth:`close`
+    closes the tiers' external connections (Redis).
 
     Args:
         num_blocks, page_size, policy, kv_shape, dtype: as :class:`PrefixCache` (HBM).
@@ -185,74 +487,44 @@ class TieredCache(PrefixCache):
                 raise ArgumentTypeError(f"tiers must hold Tier instances (HostTier, RemoteTier, ...), got {tier!r}")
             if tier.name in names:
                 raise TierConfigError(f"two tiers are named {tier.name!r}")
-            if getattr(tier, "_owner", None) is not None:
+            if tier.stack is not None:
                 raise TierConfigError(f"tier {tier!r} already belongs to another cache")
             names.add(tier.name)
-        super().__init__(num_blocks, page_size, policy, kv_shape, dtype, **kwargs)
-        if cost_model is None:
-            cost_model = default_cost_model(self.page_size)
-        elif not isinstance(cost_model, CostModel):
-            raise ArgumentTypeError(f"cost_model must be a CostModel, got {cost_model!r}")
-        elif cost_model.page_size != self.page_size:
-            raise TierConfigError(f"cost_model.page_size must equal page_size={self.page_size}, "
-                                  f"got {cost_model.page_size!r}")
-        for tier in tiers:
-            if tier.name not in cost_model.tier_paths:
-                raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
-                                      f"known: {', '.join(cost_model.tier_paths)}")
-        for tier in tiers:
-            tier.attach_policy(self.page_size, cost_model)
-        for tier in tiers:
-            tier._owner = self
-            tier.attach(self.page_size, kv_shape, dtype)
-        data = self._pool.data
-        page_bytes = data[0].nbytes if data is not None else cost_model.page_bytes
-        self.cost_model = cost_model
+        layer = TierLayer(tiers, write_policy, write_through_threshold, load_back, cost_model, kv_shape, dtype)
+        super().__init__(num_blocks, page_size, policy, kv_shape, dtype, lower=layer, **kwargs)
+        self._layer = layer
+        self.cost_model = layer.cost_model
         self.write_policy = write_policy
-        self.write_through_threshold = int(write_through_threshold)
+        self.write_through_threshold = layer.write_through_threshold
         self.load_back = load_back
-        self._exclusive = write_policy == "write_back"
-        self._selective = write_policy == "write_through_selective"
-        # Blocks of open admissions' new pages: their KV is not written yet, so no copy leaves HBM.
-        self._unwritten = np.zeros(self.num_blocks, dtype=bool)
-        self._open_writes = 0  # open admissions with new pages (0: skip every _unwritten lookup)
-        self._stack = TierStack(tiers, self.page_size, data is not None,
-                                TransferLedger(cost_model.links, cost_model.tier_paths), page_bytes,
-                                leaves_first=self._exclusive)
-        self._stack.tree.on_root_emptied = self._spill_root_emptied
-        if self._events is not None:
-            self._stack.journal = []  # residency changes below HBM, reported by _report_tiers
-        self._zero_stats()
-
-    def _zero_stats(self) -> None:
-        self._hit_pages: Dict[str, int] = {HBM: 0, **{t.name: 0 for t in self._stack.tiers}}
-        self._recomputed_pages = 0
-        self._stack.ledger.reset()
-        self._stack.dropped_pages = self._stack.integrity_misses = self._stack.lost_pages = 0
-        self._stack.tier_errors = 0
 
     # ------------------------------------------------------------------ public
     @property
     def tiers(self) -> List[Tier]:
         """The lower tiers, fastest first."""
-        return list(self._stack.tiers)
+        return list(self._layer.stack.tiers)
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes charged per page moved between tiers (the payload's, or the cost model's). O(1)."""
+        return self._layer.page_bytes
 
     @property
     def hit_tokens_by_tier(self) -> Dict[str, int]:
         """Tokens served per tier since creation, by every match and admission (see :class:`TierStats`). O(tiers)."""
-        return {name: pages * self.page_size for name, pages in self._hit_pages.items()}
+        return {name: pages * self.page_size for name, pages in self._layer.hit_pages.items()}
 
     @property
     def transfers(self) -> TransferTotals:
         """Bytes and simulated seconds per link so far."""
-        return self._stack.ledger.totals()
+        return self._layer.stack.ledger.totals()
 
     def tier_stats(self) -> TierStats:
         """Counters of hits per tier, transfers, recomputes and integrity misses. O(tiers)."""
-        t = self._stack.ledger.totals()
-        s = self._stack
+        s = self._layer.stack
+        t = s.ledger.totals()
         return TierStats(self.hit_tokens_by_tier, t.bytes_by_link, t.seconds_by_link, t.bytes_by_route,
-                         t.seconds, self._recomputed_pages * self.page_size, s.integrity_misses,
+                         t.seconds, self._layer.recomputed_pages * self.page_size, s.integrity_misses,
                          s.dropped_pages, s.lost_pages, {tier.name: tier.used for tier in s.tiers},
                          s.tier_errors)
 
@@ -261,252 +533,36 @@ class TieredCache(PrefixCache):
 
         For routers (cache-aware request routing). Cost: two read-only walks.
         """
-        data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root, data, num_pages = self.locate(tokens, namespace=namespace)
         if root is None:
             return 0, 0
-        node, pos, child, common = self._tree.walk(root, data, num_pages)
-        pos += common
-        lower = self._stack.peek(root, data, pos, num_pages) if self._stack.num_pages else 0
+        pos = self.prefix_pages(root, data, num_pages)
+        stack = self._layer.stack
+        lower = stack.peek(root, data, pos, num_pages) if stack.num_pages else 0
         return pos, lower
 
-    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, **kwargs: Any) -> Admission:
-        """As :meth:`PrefixCache.admit`; pages may be loaded back from lower tiers (counted as hits).
-
-        The new pages are copied below HBM no earlier than :meth:`Admission.release`, by which
-        time the caller has written their KV: write-through copies them there, selective
-        write-through those already hit ``write_through_threshold`` times.
-        """
-        admission = super().admit(tokens, namespace=namespace, **kwargs)
-        new = admission.new_blocks
-        # Write-back copies only at eviction, and an open admission's pages are locked: nothing to track.
-        if self._exclusive or not len(new) or not self._stack.tiers:
-            return admission
-        self._unwritten[new] = True
-        self._open_writes += 1
-        return _TieredAdmission(admission, self._existing_root(namespace), self._pages(tokens)[0],
-                                admission.hit_tokens // self.page_size)
-
-    def insert(self, tokens: TokensLike, blocks, *, namespace: Optional[str] = None) -> int:
-        """As :meth:`PrefixCache.insert`; under write-through the new pages are copied down at once.
-
-        ``blocks`` must hold written KV (an engine inserts after the prefill that filled them).
-        """
-        present = super().insert(tokens, blocks, namespace=namespace)
-        if self._exclusive or self._selective or not self._stack.tiers:
-            return present
-        data, num_pages = self._pages(tokens)
-        if present < num_pages:
-            arr = np.asarray(blocks)[present:num_pages].astype(np.int32)
-            self._copy_down(self._tree.find_root(namespace), data, present, arr)
-        return present
-
-    def check(self) -> None:
-        """:meth:`PrefixCache.check` plus every lower tier: spill tree, residency, slots, queues;
-        under write-back also that every lower copy is reachable (:func:`stranded_copies`)."""
-        super().check()
-        self._stack.check()
-        if self._exclusive:
-            stranded = stranded_copies(self)
-            assert not stranded, f"lower copies no lookup can reach: {stranded[:3]}"
-
-    def reset(self) -> None:
-        """Drop every cached page in every tier and zero the tier counters."""
-        self._report_tiers()
-        super().reset()
-        self._stack.reset()
-        self._stack.tree.on_root_emptied = self._spill_root_emptied
-        self._zero_stats()
-
     def take_events(self) -> List[KVCacheEvent]:
-        """As :meth:`PrefixCache.take_events`, with every lower tier's residency changes (see :meth:`_report_tiers`)."""
-        self._report_tiers()
+        """As :meth:`PrefixCache.take_events`, with every lower tier's residency changes (see
+        :meth:`TierLayer.report`)."""
+        self._layer.report()
         return super().take_events()
 
-    def close(self) -> None:
-        """Close the tiers' external connections (Redis)."""
-        for tier in self._stack.tiers:
-            tier.close()
+    # ------------------------------------------------------------------ for tests and tools
+    @property
+    def _stack(self) -> TierStack:
+        return self._layer.stack
 
-    # ------------------------------------------------------------------ hooks
-    def _keeps_root(self, root: Node) -> bool:
-        """An HBM root stays while the spill tree holds pages under it (the tiers key pages by it)."""
-        spill_root = self._stack.tree.find_root(root)
-        return spill_root is not None and spill_root.children is not None
+    @property
+    def _unwritten(self) -> np.ndarray:
+        return self._layer.pending
 
-    def _forget_below(self, top: Node) -> None:
-        """An abort uncaches ``top`` and its subtree: forget every lower copy from its first page down."""
-        if self._stack.num_pages:
-            root, data = self._path_data(top)
-            self._stack.discard(root, data[: (top.start + 1) * self._tree.page_bytes], top.start)
-
-    def _drop_root_if_unused(self, root: Node) -> None:
-        super()._drop_root_if_unused(root)
-        spill_root = self._stack.tree.find_root(root)
-        if spill_root is not None and spill_root.children is None and self._tree.find_root(root.namespace) is not root:
-            self._stack.tree.discard_root(spill_root)  # its key, the HBM root, is gone for good
-
-    def _spill_root_emptied(self, spill_root: Node) -> None:
-        """The lower tiers dropped the last page of a namespace: drop its roots if HBM holds none either."""
-        root = spill_root.namespace  # the spill tree is keyed by HBM roots
-        if root.children is None and not root.lock_ref:
-            self._tree.discard_root(root)
-            self._stack.tree.discard_root(spill_root)
-
-    def _spill(self, node: Node, k: int) -> None:
-        """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
-        if not self._exclusive or not self._stack.tiers:
-            return
-        root, data = self._path_data(node)
-        blocks = node.blocks[node.num_pages - k:]
-        pages = self._pool.data[blocks] if self._pool.data is not None else None
-        self._stack.put(root, data, node.end - k, node.end, pages)
-        self._report_tiers()
-
-    def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
-        node, pos = super()._descend(root, data, num_pages)
-        stack = self._stack
-        if use:
-            self._hit_pages[HBM] += pos
-            if self._selective and pos:
-                self._count_hits(node, data)
-        if not stack.num_pages or (pos >= num_pages and self._exclusive):
-            return node, pos
-        run = stack.lookup(root, data, pos, num_pages, touch=use)
-        if not run or self.load_back == "never":
-            return node, pos
-        self._lock_node(node)
-        try:
-            plan = self._plan(run, pos, self._pool.num_free + self._cached - self._protected, use)
-            if not plan:
-                return node, pos
-            got, payload, by_tier = stack.fetch(run, plan, self._exclusive)
-            self._report_tiers()
-            if not got:
-                return node, pos
-            free = self._pool.num_free
-            if got > free:
-                self._evict(got - free)
-            blocks = self._pool.take(got)
-            if payload is not None:
-                self._pool.data[blocks] = payload
-            leaf = self._add_pages(node, data, pos, blocks, self._clock)
-            if use:
-                for name, pages in by_tier:
-                    self._hit_pages[name] += pages
-            return leaf, pos + got
-        finally:
-            self._unlock_node(node)
-
-    def _split(self, child: Node, pages: int) -> Node:
-        upper = super()._split(child, pages)
-        upper.ext = child.ext  # hit count (selective write-through)
-        return upper
-
-    # ------------------------------------------------------------------ internals
-    def _plan(self, run: List[Node], pos: int, room: int, use: bool = True) -> int:
-        """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing.
-
-        Counts the rest as recomputed when ``use`` (a request's lookup, not a pin)."""
-        total = i = 0
-        always = self.load_back == "always"
-        found = sum(n.num_pages for n in run)
-        while i < len(run) and total < room:
-            tier = run[i].ext.tier
-            seg = 0
-            while i < len(run) and run[i].ext.tier is tier:
-                seg += run[i].num_pages
-                i += 1
-            if not always and not self.cost_model.should_load((pos + total) * self.page_size, seg, tier.name):
-                break
-            take = min(seg, room - total)
-            total += take
-            if take < seg:
-                break
-        if use:
-            self._recomputed_pages += found - total
-        return total
+    @property
+    def _open_writes(self) -> int:
+        return self._layer.open_writes
 
     def _path_data(self, node: Node) -> Tuple[Node, bytes]:
         """The root above ``node`` (of either tree) and the bytes of its pages from the root. O(depth)."""
-        return path_data(node, self._tree.page_bytes)
-
-    def _report_tiers(self) -> None:
-        """Turn the stack's journal of lower-tier residency changes into events, in order.
-
-        Per medium, the events are then a faithful log: a page stored on a
-        lower tier is reported (``BlockDemoted``, on the tier that took it,
-        from the medium it came from), and so is every page leaving one
-        (``BlockRemoved`` when it was cascaded down, dropped, refused a later
-        home, failed its checksum or was lost with its host; ``BlockPromoted``
-        when it moved up to HBM). Cost: O(depth) hashes per change.
-        """
-        stack = self._stack
-        journal = stack.journal
-        if not journal:
-            return
-        stack.journal = []
-        medium = {t.name: TIER_MEDIUM.get(t.name, t.name.upper()) for t in stack.tiers}
-        medium[HBM] = MEDIUM_GPU
-        for kind, root, data, start, tier, source in journal:
-            self._events.lower_tier(kind, root, data, start, medium=medium[tier], source_medium=medium[source])
-
-    def _not_written(self, admission: _TieredAdmission) -> None:
-        """``admission`` ends without KV (released, or aborted: then nothing is copied down)."""
-        self._unwritten[admission.new_blocks] = False
-        self._open_writes -= 1
-
-    def _written(self, admission: _TieredAdmission) -> None:
-        """``admission`` is being released: its new pages hold KV now; copy down what is due.
-
-        Nothing is copied when an abort uncached its pages meanwhile (a batch mate's
-        whose pages they continued): their KV was computed over unwritten bytes.
-        """
-        self._not_written(admission)
-        if self._detached and admission.node._node in self._detached:
-            return
-        root, data, start = admission._root, admission._data, admission._start
-        if not self._selective:
-            self._copy_down(root, data, start, admission.new_blocks)
-            return
-        # Pages hit often enough while their KV was being written: the nodes (split or not)
-        # from the admission's deepest page up to its first one.
-        due = []
-        node = admission.node._node
-        while node.parent is not None and node.end > start:
-            if (node.ext or 0) >= self.write_through_threshold:
-                due.append(node)
-            node = node.parent
-        for node in reversed(due):
-            self._copy_down(root, data, node.start, node.blocks)
-
-    def _copy_down(self, root: Optional[Node], data: bytes, start: int, blocks: np.ndarray) -> None:
-        """Copy pages ``start..`` (in HBM ``blocks``) to the first lower tier (write-through)."""
-        if root is None or not len(blocks):
-            return
-        pages = self._pool.data[blocks] if self._pool.data is not None else None
-        self._stack.put(root, data, start, start + len(blocks), pages)
-        self._report_tiers()
-
-    def _count_hits(self, node: Node, data: bytes) -> None:
-        """Selective write-through: count a hit on every matched node; copy down at the threshold.
-
-        A node of an open admission reaches the threshold before its KV is written: it is
-        copied at that admission's release instead (:meth:`_written`).
-        """
-        threshold = self.write_through_threshold
-        path = []
-        n = node
-        while n.parent is not None:
-            n.ext = (n.ext or 0) + 1
-            if n.ext == threshold:
-                path.append(n)
-            n = n.parent
-        unwritten = self._unwritten if self._open_writes else None
-        for n in reversed(path):
-            if unwritten is not None and unwritten[n.blocks].any():
-                continue
-            self._copy_down(n_root(n), data, n.start, n.blocks)
+        return path_data(node, self._layer.stack.tree.page_bytes)
 
 
 def n_root(node: Node) -> Node:
@@ -517,29 +573,5 @@ def n_root(node: Node) -> Node:
 
 
 def stranded_copies(cache: TieredCache) -> List[Node]:
-    """Lower-tier copies of a write-back ``cache`` that no lookup can reach: the ones to free.
-
-    A lower-tier hit needs the whole prefix, so a copy is reachable only while
-    every page above it is in HBM or has a lower copy itself. A copy below a
-    placeholder (a spill-tree page with no copy) whose page is not in HBM
-    holds its slot (for a borrowed page, a creditor's HBM block) and can
-    never be served. By HBM's prefix closure only a placeholder parent of a
-    copy needs looking up. Cost: O(spill nodes) plus one O(depth) HBM walk per
-    placeholder parent of a copy.
-    """
-    stack = cache._stack
-    out: List[Node] = []
-    for hbm_root, root in stack.tree.roots():
-        todo = [(child, True) for child in (root.children or {}).values()]
-        while todo:
-            node, reachable = todo.pop()
-            if isinstance(node.ext, Copy):
-                if not reachable:
-                    out.append(node)
-            elif reachable and any(isinstance(c.ext, Copy) for c in node.children.values()):
-                # a placeholder above copies: its pages must be in HBM (a deeper one answers for it)
-                _, data = cache._path_data(node)
-                _, pos, _, common = cache._tree.walk(hbm_root, data, node.end)
-                reachable = pos + common >= node.end
-            todo.extend((child, reachable) for child in (node.children or {}).values())
-    return out
+    """Lower-tier copies of a write-back ``cache`` that no lookup can reach (see :meth:`TierLayer.stranded`)."""
+    return cache.lower.stranded()
