@@ -202,3 +202,62 @@ def test_tiered_cache_uses_no_private_member_of_prefix_cache():
     private = set(re.findall(r"self\.(_[a-z][a-z_0-9]*)", engine)) | set(re.findall(r"def (_[a-z][a-z_0-9]*)\(", engine))
     used = set(re.findall(r"self\.(_[a-z][a-z_0-9]*)", (ROOT / "radixkv/tiers/tiered.py").read_text()))
     assert not used & private, sorted(used & private)
+
+
+def spill_state(cache):
+    """Every spill-tree node as (namespace, path bytes, tier, slots, sums), and the tier counters."""
+    from radixkv.tiers import Copy
+    nodes = set()
+    for node in cache._stack.tree.nodes():
+        root, data = cache._path_data(node)
+        ext = node.ext
+        nodes.add((root.namespace.namespace, data, ext.tier.name if isinstance(ext, Copy) else None,
+                   tuple(ext.slots.tolist()) if isinstance(ext, Copy) else (),
+                   tuple(ext.sums.tolist()) if isinstance(ext, Copy) and ext.sums is not None else ()))
+    return nodes, cache.tier_stats()
+
+
+# Two token values and long requests: deep trees, so most demotions start below an anchored node.
+_reqs = st.lists(st.tuples(st.sampled_from([None, "t"]), st.lists(st.integers(0, 1), max_size=20),
+                           st.sampled_from(["release", "release", "match", "abort", "pin", "reset"])),
+                 min_size=1, max_size=40)
+
+
+@settings(deadline=None)
+@given(ops=_reqs, policy=st.sampled_from(["lru", "lfu", "fifo"]))
+def test_demoting_from_anchors_builds_the_spill_tree_a_walk_from_the_root_does(ops, policy):
+    from radixkv.tiers import HostTier, RemoteTier, TieredCache
+    twins = [TieredCache(8, 2, policy, kv_shape=(1,), dtype="float32", load_back="always",
+                         tiers=[HostTier(4), RemoteTier(blocks_per_host=3, num_hosts=2)]) for _ in range(2)]
+    twins[1].lower.anchored = False
+    for ns, tokens, how in ops:
+        for cache in twins:
+            if how == "reset":
+                cache.reset()
+            elif how == "match":  # splits nodes whose anchors stay with the lower part
+                cache.match(tokens, namespace=ns)
+            elif how == "pin":
+                if cache.pin(tokens, namespace=ns):  # loads the prefix back, then lets it go
+                    cache.unpin(tokens, namespace=ns)
+            else:
+                a = cache.admit(tokens, namespace=ns)
+                cache.write(a.new_blocks, page_rows(tokens)[len(a.blocks) - len(a.new_blocks):len(a.blocks)])
+                a.release() if how == "release" else a.abort()
+            cache.check()
+        assert spill_state(twins[0]) == spill_state(twins[1])
+        assert twins[0].hit_tokens_by_tier == twins[1].hit_tokens_by_tier
+
+
+def test_an_anchor_left_on_the_upper_part_of_a_split_is_not_trusted():
+    # Here an HBM node comes to carry an anchor that does not end where the node does (the upper
+    # part of a split inherits the lower part's): a demotion below it must walk from the root.
+    from radixkv.tiers import HostTier, RemoteTier, TieredCache
+    twins = [TieredCache(8, 2, kv_shape=(1,), dtype="float32", load_back="always",
+                         tiers=[HostTier(4), RemoteTier(blocks_per_host=3, num_hosts=2)]) for _ in range(2)]
+    twins[1].lower.anchored = False
+    for tokens in ([0, 0, 1, 1], [0, 1, 0, 1, 1, 0, 1, 0, 0, 1], [0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 0, 1, 0, 1],
+                   [0, 1, 1, 0, 0, 0, 0, 1, 1, 0], [0, 1, 0, 1, 1, 1, 1, 0], [0, 1, 0, 0, 0, 1, 1, 1, 0, 0, 1]):
+        for cache in twins:
+            cache.admit(tokens).release()
+            cache.check()
+        assert spill_state(twins[0]) == spill_state(twins[1])

@@ -136,6 +136,7 @@ class TierLayer(LowerLayer):
         self.cost_model = cost_model
         self._kv = (kv_shape, dtype)
         self.exclusive = write_policy == "write_back"
+        self.anchored = True  # evicting walks the spill tree from anchors (False: from the root, for tests)
         self.selective = write_policy == "write_through_selective"
         self.cache: Optional[PrefixCache] = None
         self.stack: Optional[TierStack] = None
@@ -196,13 +197,45 @@ class TierLayer(LowerLayer):
 
     # ------------------------------------------------------------------ seam: store
     def evicting(self, node: Node, k: int) -> None:
-        """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them."""
+        """HBM evicts the last ``k`` pages of leaf ``node``: write-back demotes them.
+
+        The spill tree is walked from an *anchor*, not from the root: under
+        write-back an HBM node's ``ext`` remembers the spill-tree node at its
+        end (set by the previous demotion below it), so only the bytes of the
+        HBM nodes below the nearest anchored ancestor are joined, usually the
+        evicted node's own. An anchor is trusted while it is alive and ends
+        where its HBM node ends (both trees only cut nodes or drop them, so a
+        node's path never changes). Cost: O(nodes up to the anchor) plus the put.
+        """
         if not self.exclusive or not self.stack.tiers:
             return
-        root, data = path_data(node, self.stack.tree.page_bytes)
+        stack = self.stack
+        pb = stack.tree.page_bytes
+        parts = []
+        n, top = node, None
+        while True:
+            rest = n.rest
+            m = (n.num_pages - 1) * pb
+            parts.append(rest if len(rest) == m else rest[:m])
+            parts.append(n.first)
+            up = n.parent
+            if up.parent is None:
+                break
+            anchor = up.ext
+            if anchor is not None and self.anchored and anchor.gen >= 0 and anchor.end == up.end:
+                top = anchor
+                break
+            n = up
+        parts.reverse()
         payload = self.cache.payload
         pages = payload[node.blocks[node.num_pages - k:]] if payload is not None else None
-        self.stack.put(root, data, node.end - k, node.end, pages)
+        start = node.end - k
+        anchor = stack.put(up, b"".join(parts), start, node.end, pages, top=top)
+        if anchor is not None:
+            if k < node.num_pages:
+                node.ext = anchor  # node keeps pages ..start
+            elif node.parent.parent is not None:
+                node.parent.ext = anchor
         self.report()
 
     def admitted(self, root: Node, key: bytes, start: int, new_blocks: np.ndarray) -> Optional[_Write]:
