@@ -25,6 +25,7 @@ from .errors import (
 from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
+from .lower import LowerLayer
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
 from .victims import VictimQueue
@@ -115,10 +116,10 @@ class Admission:
         node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released", "_aborted")
+    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released", "_aborted", "_record")
 
     def __init__(self, cache: "PrefixCache", hit_tokens: int, blocks: np.ndarray,
-                 new_blocks: np.ndarray, node: NodeHandle) -> None:
+                 new_blocks: np.ndarray, node: NodeHandle, record: Any = None) -> None:
         self.hit_tokens = hit_tokens
         self.blocks = blocks
         self.new_blocks = new_blocks
@@ -126,6 +127,7 @@ class Admission:
         self._cache = cache
         self._released = False
         self._aborted = False
+        self._record = record  # the lower layer's record of the new pages' write (LowerLayer.admitted)
 
     @property
     def released(self) -> bool:
@@ -142,7 +144,10 @@ class Admission:
         nothing. O(depth)."""
         if not self._released:
             self._released = True
-            self._cache._release_admission(self.node._node)
+            if self._record is None:
+                self._cache._release_admission(self.node._node)
+            else:
+                self._cache._end_write(self._record, self.node._node)
 
     def abort(self) -> None:
         """End the admission without its KV: uncache its new pages, keep the matched ones.
@@ -162,7 +167,11 @@ class Admission:
         """
         if not self._released:
             self._released = self._aborted = True
-            self._cache._abort_admission(self.node._node, self.hit_tokens // self._cache.page_size)
+            try:
+                if self._record is not None:
+                    self._cache._end_write(self._record, None)
+            finally:  # the admission ends whatever the lower layer did
+                self._cache._abort_admission(self.node._node, self.hit_tokens // self._cache.page_size)
 
     def __enter__(self) -> "Admission":
         return self
@@ -210,11 +219,10 @@ class PrefixCache:
             Off by default, and then free.
         on_free: the free-block sink (see :attr:`on_free`); ``None`` keeps freed blocks on
             the pool's free list.
+        lower: what keeps pages below HBM (a :class:`~radixkv.lower.LowerLayer`, which
+            :class:`radixkv.tiers.TieredCache` builds), called at the seam's named points;
+            ``None`` (the default) costs one ``is None`` test at each.
     """
-
-    _spill = None
-    """Tier hook (:class:`radixkv.tiers.TieredCache` sets it): ``_spill(node, k)`` runs before the
-    last ``k`` pages of leaf ``node`` are evicted, so they can be demoted instead of dropped."""
 
     def __init__(
         self,
@@ -226,9 +234,12 @@ class PrefixCache:
         enable_events: Union[bool, BlockHasher] = False,
         *,
         on_free: Optional[Callable[[np.ndarray], None]] = None,
+        lower: Optional[LowerLayer] = None,
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
         _check_sink(on_free)
+        if lower is not None and not isinstance(lower, LowerLayer):
+            raise ArgumentTypeError(f"lower must be a LowerLayer, got {lower!r}")
         page_size = check_positive_int(page_size, "page_size")
         if kv_shape is not None:
             kv_shape = tuple(kv_shape)
@@ -265,6 +276,11 @@ class PrefixCache:
         # Likewise the base on_access (a timestamp in policy_state) is inlined on the match path.
         self._on_access = self._policy.on_access if cls.on_access is not base.on_access else None
         self._events: Optional[EventLog] = make_event_log(self, enable_events)
+        self._lower = lower
+        if lower is None:
+            self._spill = None  # _evict skips the call
+        else:
+            lower.bind(self)
 
     # ------------------------------------------------------------------ counters
     @property
@@ -345,10 +361,89 @@ class PrefixCache:
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
-        if root is None:
-            return 0
-        _, pos, _, common = self._tree.walk(root, data, num_pages)
+        return 0 if root is None else self.prefix_pages(root, data, num_pages)
+
+    def locate(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[Optional[Root], bytes, int]:
+        """``(root, key, num_pages)``: the registered root of ``namespace`` (``None`` when it holds
+        nothing), the key bytes of ``tokens``'s whole pages and their count; changes nothing.
+
+        What the engine's tree and a lower layer key pages by, for a layer's own
+        public lookups (:meth:`radixkv.tiers.TieredCache.peek`). Validates as
+        :meth:`match`. O(tokens).
+        """
+        data, num_pages = self._pages(tokens)
+        return self._existing_root(namespace), data, num_pages
+
+    def prefix_pages(self, root: Root, key: bytes, num_pages: int) -> int:
+        """Leading pages of ``key`` (at most ``num_pages``) cached in HBM under ``root``, touching nothing.
+
+        The bytes-level :meth:`cached_pages`, for a lower layer that keys its
+        copies by HBM root and key (see :meth:`locate`). O(depth in nodes +
+        matched tokens) at C speed.
+        """
+        _, pos, _, common = self._tree.walk(root, key, num_pages)
         return pos + common
+
+    @property
+    def payload(self) -> Optional[np.ndarray]:
+        """The pool's payload array (one row per block), or ``None`` without ``kv_shape``. O(1).
+
+        A live view for a lower layer, which copies out the rows of pages HBM is
+        evicting or that were just written; read-only by contract (callers write
+        through :meth:`write`). Unlike :meth:`read` it checks no block state:
+        the seam hands the layer the blocks (:meth:`LowerLayer.evicting
+        <radixkv.lower.LowerLayer.evicting>`), so there is nothing to check and
+        no copy to make twice.
+        """
+        return self._pool.data
+
+    def peek_victim(self) -> Optional[Tuple[int, Any, int]]:
+        """``(retention class, policy priority, pages)`` of the leaf eviction looks at first, or ``None``
+        when nothing is evictable; changes nothing. Amortized O(log n).
+
+        The policy may still spare that leaf (``on_victim``) when eviction
+        comes. For a cluster that compares instances' coldest pages before it
+        evicts one to lend its block (value lending).
+        """
+        node = self._victims.peek()
+        if node is None:
+            return None
+        key = self._victims.peek_key()
+        return key[0], key[1], node.num_pages
+
+    def advance_clock(self, now: int) -> None:
+        """Move :attr:`clock` forward to ``now`` (no-op when it is there already). O(1).
+
+        For instances that share one cluster clock, so last-use times compare
+        across caches. The clock never goes back: an expiry or a policy
+        timestamp already given stays in the past.
+        """
+        if not is_int(now):
+            raise ArgumentTypeError(f"now must be an int clock value, got {now!r}")
+        if now > self._clock:
+            self._clock = int(now)
+
+    def are_held(self, blocks: Union[Sequence[int], np.ndarray]) -> bool:
+        """Whether every block of ``blocks`` is held by a caller (allocated, not inserted nor freed).
+        For a lender's ledger check. Raises on ids outside the pool. O(len(blocks))."""
+        arr = self._pool.validate_ids(blocks)
+        return bool(np.all(self._pool.states(arr) == HELD))
+
+    def release_root(self, root: Root) -> None:
+        """Unregister ``root`` if it holds no page, no lock, and the lower layer keys nothing by it.
+
+        For a lower layer whose last page of a namespace just left (the
+        engine drops a root itself when its own last page goes). Handles to
+        it stay valid (see :meth:`match`). O(1).
+        """
+        if not isinstance(root, Root):
+            raise ArgumentTypeError(f"release_root needs a namespace root, got {root!r}")
+        self._drop_root_if_unused(root)
+
+    def close(self) -> None:
+        """Release the lower layer's external connections (Redis); nothing to do without one."""
+        if self._lower is not None:
+            self._lower.close()
 
     def peek_match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
         """The part of :meth:`match` that needs no split, touching nothing: a handle of the deepest
@@ -391,6 +486,11 @@ class PrefixCache:
         """``(namespace, root)`` of every namespace that holds pages or locks (a snapshot), for
         tools that walk the cached tree. Read-only. O(namespaces)."""
         return self._tree.roots()
+
+    @property
+    def lower(self) -> Optional[LowerLayer]:
+        """The layer that keeps pages below HBM (the ``lower`` argument), or ``None``. O(1)."""
+        return self._lower
 
     @property
     def page_index(self) -> Optional[Any]:
@@ -545,6 +645,8 @@ class PrefixCache:
         self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
+        if self._lower is not None and len(new):
+            self._lower.inserted(self._tree.find_root(namespace), data, present, new)
         return present
 
     def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
@@ -627,7 +729,10 @@ class PrefixCache:
         admitted = self._admitted
         admitted[holder] = admitted.get(holder, 0) + 1
         blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
-        return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen))
+        record = None
+        if self._lower is not None and len(new):
+            record = self._lower.admitted(self._tree.find_root(namespace), data, pos, new)
+        return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen), record)
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -717,6 +822,8 @@ class PrefixCache:
                 f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
         if self._events is not None:
             self._events.check()
+        if self._lower is not None:
+            self._lower.check()
 
     def _check_detached(self) -> int:
         """Check the aborted nodes other holders still protect; return their blocks (part of check)."""
@@ -735,6 +842,8 @@ class PrefixCache:
         """Drop every cached page (blocks back to the pool, or the free-block sink). Raises if anything is protected."""
         if self._protected or any(root.lock_ref for _, root in self._tree.roots()):
             raise LockError("reset while pages are locked; release them first")
+        if self._lower is not None:
+            self._lower.reset()
         dropped = []
         for node in list(self._tree.nodes()):
             dropped.append(node.blocks)
@@ -830,11 +939,40 @@ class PrefixCache:
         if child is not None:
             node = self._split(child, common)
             pos += common
+        if self._lower is not None:
+            return self._load_below(root, data, num_pages, node, pos, use)
         return node, pos
+
+    def _load_below(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int, use: bool):
+        """Continue a match that reached HBM's page ``pos`` (``node``) below HBM: the lower layer
+        reads the pages worth loading, the engine caches them in blocks it frees and takes itself."""
+        lower = self._lower
+        found = lower.lookup(root, data, node, pos, num_pages, use)
+        if found is None:
+            return node, pos
+        self._lock_node(node)
+        try:
+            load = lower.prepare_load(found, pos, self._pool.num_free + self._cached - self._protected, use)
+            got = load.pages
+            if not got:
+                return node, pos
+            free = self._pool.num_free
+            if got > free:
+                self._evict(got - free)
+            blocks = self._pool.take(got)
+            if load.payload is not None:
+                self._pool.data[blocks] = load.payload
+            leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            lower.complete_load(load, use)
+            return leaf, pos + got
+        finally:
+            self._unlock_node(node)
 
     def _split(self, child: Node, pages: int) -> Node:
         upper = self._tree.split(child, pages)
         self._policy.on_split(upper, child)
+        if self._lower is not None:
+            self._lower.split(upper, child)
         if self._expiry and child in self._expiry:  # expiry propagates to the new upper part
             at = self._expiry[upper] = self._expiry[child]
             heapq.heappush(self._expiry_heap, (at, next(self._expiry_seq), upper))
@@ -1031,8 +1169,8 @@ class PrefixCache:
             node = node.parent
 
     def _keeps_root(self, root: Root) -> bool:
-        """Whether an empty, unlocked ``root`` must stay registered (a tier layer's pages hang off it)."""
-        return False
+        """Whether an empty, unlocked ``root`` must stay registered (the lower layer's pages hang off it)."""
+        return self._lower is not None and self._lower.keeps_root(root)
 
     def _drop_root_if_unused(self, root: Root) -> None:
         """Unregister ``root`` if it holds no page and no lock, so an unused namespace costs nothing.
@@ -1042,6 +1180,8 @@ class PrefixCache:
         """
         if root.children is None and not root.lock_ref and not self._keeps_root(root):
             self._tree.discard_root(root)
+        if self._lower is not None:
+            self._lower.root_released(root, self._tree.find_root(root.namespace) is root)
 
     # ------------------------------------------------------------------ abort
     def _abort_admission(self, node: Node, start: int) -> None:
@@ -1112,8 +1252,34 @@ class PrefixCache:
         if freed:
             self._give_back(np.concatenate(freed))
 
+    def _spill(self, node: Node, k: int) -> None:
+        """The last ``k`` pages of leaf ``node`` are about to be evicted: the lower layer may demote them."""
+        self._lower.evicting(node, k)
+
     def _forget_below(self, top: Node) -> None:
-        """Hook: the pages from ``top`` down are being uncached by an abort (a tier layer drops its copies)."""
+        """The pages from ``top`` down are being uncached by an abort: the lower layer drops its copies."""
+        if self._lower is not None:
+            self._lower.aborted(top)
+
+    def _end_write(self, record: Any, node: Optional[Node]) -> None:
+        """An admission with a lower layer's ``record`` ends: released (``node``, its deepest page,
+        still locked; the lock goes whatever the layer does) or aborted (``None``).
+
+        Its pages count as written unless an abort uncached them meanwhile (a
+        batch mate's whose pages they continued): their KV was computed over
+        unwritten bytes.
+        """
+        lower = self._lower
+        if node is None:
+            lower.unwritten(record)
+            return
+        try:
+            if self._detached and node in self._detached:
+                lower.unwritten(record)
+            else:
+                lower.written(record, node)
+        finally:
+            self._release_admission(node)
 
     def _free_detached(self, node: Node) -> None:
         """The last holder of detached (aborted) ``node`` let go: its blocks go back to the pool (or the sink)."""

@@ -20,7 +20,7 @@ the :class:`GlobalManager` (Infinite-LLM's gManager):
   borrowed page moves to another creditor with room (the new block is
   reserved before the copy) or is demoted to the debtor's next tier (host) or
   dropped, with the borrowed pages below it, so no copy is left behind a
-  missing prefix (:func:`~radixkv.tiers.cache.stranded_copies`, asserted by :meth:`Cluster.check`);
+  missing prefix (:func:`~radixkv.tiers.tiered.stranded_copies`, asserted by :meth:`Cluster.check`);
 * a creditor that crashes (:meth:`Cluster.crash`) takes the pages it held
   and the pages below them: its debtors forget them and the debt is written
   off. The ledger (debt matrix) always equals the loans held.
@@ -47,11 +47,10 @@ from .keys import as_tokens, check_namespace, check_positive_int
 from .traces import Request
 from .replay import pages_loaded
 from .stats import ReplayStats
-from .tiers.base import SLOT_DTYPE, Copy, Tier, TierConfigError
-from .tiers.cache import TieredCache
+from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.host import HostTier
-from .tiers.stack import TierStack
-from .tree import Node
+from .tiers.lending import BorrowedTier
+from .tiers.tiered import TieredCache
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
 LENDING = ("free", "value")
@@ -69,154 +68,6 @@ def routes_ahead(routing: str, num_instances: int) -> bool:
     exist before the replay, so an offline policy is refused there.
     """
     return routing == "round_robin" or num_instances == 1
-
-
-def _copies_below(node: Node, tier: Optional[Tier] = None) -> List[Node]:
-    """``node`` and the spill-tree copies below it (in ``tier`` only, if given), deepest first.
-
-    Stops below a node that is not such a copy. Cost: O(subtree).
-    """
-    order: List[Node] = []
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n.ext, Copy) and (tier is None or n.ext.tier is tier):
-            order.append(n)
-            todo.extend((n.children or {}).values())
-    order.reverse()  # parents came before their children: reversed, every child precedes its parent
-    return order
-
-
-class BorrowedTier(Tier):
-    """Pages of one debtor held in blocks lent by other instances (slot = ``creditor * stride + block``).
-
-    Capacity is whatever creditors agree to lend; a slot is borrowed when a
-    page needs it and repaid when the page leaves, so the debt equals the
-    pages held, always.
-    """
-
-    def __init__(self, manager: "GlobalManager", debtor: int) -> None:
-        super().__init__("borrowed")
-        self.manager = manager
-        self.debtor = debtor
-        self.where: Dict[int, Node] = {}
-        """Slot -> spill-tree node holding it (for recalls)."""
-
-    @property
-    def capacity(self) -> int:
-        return self.used + self.manager.lendable(self.debtor)
-
-    def take(self, n: int) -> np.ndarray:
-        slots = self.manager.borrow(self.debtor, n)
-        self.used += len(slots)
-        return slots
-
-    def give(self, slots: np.ndarray) -> None:
-        self.used -= len(slots)
-        for s in slots.tolist():
-            self.where.pop(s, None)
-        self.manager.repay(self.debtor, slots)
-
-    def write(self, slots: np.ndarray, pages: Optional[np.ndarray]) -> np.ndarray:
-        if pages is not None:
-            self.manager.write(slots, pages)
-        return np.ones(len(slots), dtype=bool)
-
-    def read(self, slots: np.ndarray):
-        data = None if self.page_shape is None else self.manager.read(slots)
-        return data, np.ones(len(slots), dtype=bool)
-
-    def on_assign(self, node: Node) -> None:
-        for s in node.ext.slots.tolist():
-            self.where[s] = node
-
-    def on_release(self, node: Node) -> None:
-        for s in node.ext.slots.tolist():
-            self.where.pop(s, None)
-
-    def recall(self, slots: Sequence[int], creditor: int) -> Tuple[int, int]:
-        """Vacate ``slots`` (held at ``creditor``): move each page to another creditor, else demote it.
-
-        Returns ``(pages moved, pages demoted or dropped)``. The new block is
-        reserved before the copy, so a failed move loses nothing. A page that
-        cannot move is demoted with the rest of its node and every deeper
-        borrowed page below it, deepest first (see :meth:`_demote_suffix`).
-        """
-        stack = self._owner._stack
-        index = stack.tiers.index(self)
-        moved = demoted = 0
-        for slot in slots:
-            node = self.where.get(int(slot))
-            if node is None:  # gone with an earlier page's suffix
-                continue
-            i = int(np.flatnonzero(node.ext.slots == slot)[0])
-            value = self.manager.values[creditor].get(int(slot) - creditor * self.manager.stride)
-            new = self.manager.borrow(self.debtor, 1, exclude=(creditor,), value=value)
-            if len(new):
-                if stack.has_payload:
-                    self.manager.write(new, self.manager.read(np.array([slot], dtype=SLOT_DTYPE)))
-                node.ext.slots[i] = new[0]
-                del self.where[int(slot)]
-                self.where[int(new[0])] = node
-                self.manager.repay(self.debtor, np.array([slot], dtype=SLOT_DTYPE))
-                moved += 1
-            else:
-                if i:
-                    stack._split(node, i)
-                demoted += self._demote_suffix(stack, index, node)
-        return moved, demoted
-
-    def _demote_suffix(self, stack: TierStack, index: int, node: Node) -> int:
-        """Demote ``node`` and every borrowed copy below it, deepest first; return the pages.
-
-        A lookup reaches a copy only through the pages above it, so the pages
-        below ``node`` that are lent too (at any creditor) cannot stay when
-        ``node`` may be dropped. Demoting them first is the order the tier's own
-        eviction keeps (a node leaves its tier after its descendants there), so
-        each lands in the next tier above its own children, or is dropped as a
-        leaf: nothing is stranded. Pages in later tiers stay. Cost: O(subtree).
-        """
-        pages = 0
-        for n in _copies_below(node, self):
-            pages += n.num_pages
-            stack.demote(index, n)
-        return pages
-
-    def forget(self, creditor: int) -> int:
-        """Forget the pages held in blocks ``creditor`` lent (its memory is gone); return pages forgotten.
-
-        Each such page goes with the rest of its node and every copy below it,
-        in any tier (unreachable without it), counted as lost; the blocks are
-        repaid, so the ledger no longer shows them. Cost: O(slots held + subtrees).
-        """
-        stack = self._owner._stack
-        lo = creditor * self.manager.stride
-        pages = 0
-        for slot in sorted(s for s in self.where if lo <= s < lo + self.manager.stride):
-            node = self.where.get(slot)
-            if node is None:  # gone with an earlier page's subtree
-                continue
-            i = int(np.flatnonzero(node.ext.slots == slot)[0])
-            if i:
-                stack._split(node, i)
-            for n in _copies_below(node):
-                pages += n.num_pages
-                n.ext.tier.give(stack._release(n).slots)
-                stack._drop(n)
-        stack.lost_pages += pages
-        return pages
-
-    def check(self) -> None:
-        """The ledger's row equals the pages held; every slot is a loan to this debtor held by its node. O(pages)."""
-        owed = int(self.manager.debt[self.debtor].sum())
-        assert owed == self.used, f"borrowed tier of {self.debtor} holds {self.used} pages, ledger says {owed}"
-        assert len(self.where) == self.used, f"borrowed tier of {self.debtor}: slot index has {len(self.where)}"
-        stride, loans = self.manager.stride, self.manager.loans
-        for slot, node in self.where.items():
-            assert node.alive and isinstance(node.ext, Copy) and node.ext.tier is self and slot in node.ext.slots, (
-                f"borrowed tier of {self.debtor}: slot {slot} indexed to {node}, which does not hold it")
-            assert loans[slot // stride].get(slot % stride) == self.debtor, (
-                f"borrowed tier of {self.debtor}: slot {slot} is no loan to it")
 
 
 class Instance:
@@ -321,8 +172,8 @@ class GlobalManager:
         """Rank (retention, last use) of instance ``index``'s coldest evictable HBM page, ``None`` if none. O(1) amortized."""
         if index >= len(self.instances):  # still being built
             return None
-        key = self.instances[index].cache._victims.peek_key()
-        return None if key is None else key[:2]
+        victim = self.instances[index].cache.peek_victim()
+        return None if victim is None else victim[:2]
 
     def _cap(self, creditor: int) -> int:
         """Blocks ``creditor`` may still lend under the lend cap (negative once past it)."""
@@ -414,7 +265,6 @@ class GlobalManager:
     def _evict_colder(self, creditor: int, n: int, value: tuple) -> int:
         """Evict up to ``n`` of ``creditor``'s pages ranked below ``value``; return blocks freed. O(n log pages)."""
         cache = self.instances[creditor].cache
-        victims = cache._victims
         freed = 0
         self._lending = creditor
         try:
@@ -422,7 +272,7 @@ class GlobalManager:
                 cold = self.coldest(creditor)
                 if cold is None or not cold < value:
                     break
-                got = cache.evict(min(n - freed, victims.peek().num_pages))  # a node's pages share its rank
+                got = cache.evict(min(n - freed, cache.peek_victim()[2]))  # a node's pages share its rank
                 if not got:
                     break
                 freed += got
@@ -501,8 +351,7 @@ class GlobalManager:
                 counted[debtor, c] += 1
             if loans:
                 blocks = np.fromiter(loans, dtype=np.int32, count=len(loans))
-                states = self.instances[c].cache._pool.states(blocks)
-                assert np.all(states == 1), f"instance {c} lent blocks that are not held"
+                assert self.instances[c].cache.are_held(blocks), f"instance {c} lent blocks that are not held"
         assert np.array_equal(counted, self.debt), "debt ledger differs from the loans held"
         for c, loans in enumerate(self.loans):
             assert self.values[c].keys() == loans.keys(), f"instance {c}: loan values differ from the loans"
@@ -672,7 +521,7 @@ class Cluster:
         cache = inst.cache
         m = self.manager
         if m.by_value:  # one clock: last-use times compare across instances
-            cache._clock = max(cache._clock, m.clock)
+            cache.advance_clock(m.clock)
         if self.borrowing and m.lent(i):
             cached = sum(cache.peek(tokens, namespace=namespace))
             short = len(tokens) // self.page_size - cached - cache.num_free_blocks
@@ -727,7 +576,7 @@ class Cluster:
             for k, v in inst.cache.transfers.bytes_by_link.items():
                 links[k] = links.get(k, 0) + v
         m = self.manager
-        page_bytes = self.instances[0].cache._stack.page_bytes
+        page_bytes = self.instances[0].cache.page_bytes
         return ClusterResult(
             routing=self.routing, borrowing=self.borrowing, instances=len(self.instances),
             num_blocks=self.instances[0].cache.num_blocks, requests=count, prompt_tokens=prompt,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from radixkv.cluster import Cluster
-from radixkv.tiers.cache import stranded_copies
+from radixkv.tiers.tiered import stranded_copies
 
 from .test_cluster import serve
 from .test_tiers_payload import KV, PS

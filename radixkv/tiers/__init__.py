@@ -4,12 +4,12 @@
 >>> cache = TieredCache(1024, tiers=[HostTier(4096), RemoteTier(blocks_per_host=8192, num_hosts=2)])
 
 Layering: the tree knows nothing of tiers; :class:`TierStack` keeps lower
-residency in a spill tree of its own; :class:`TieredCache` hooks it into the
-engine's eviction and match.
+residency in a spill tree of its own; :class:`TieredCache` puts it behind the
+engine's lower-tier seam (:mod:`radixkv.lower`) as a ``TierLayer``.
 """
 
 from .base import Copy, RemoteHostError, Tier, TierConfigError, checksums
-from .cache import LOAD_BACK, TIER_PATHS, WRITE_POLICIES, TieredCache, TierStats, default_cost_model
+from .tiered import LOAD_BACK, TIER_PATHS, WRITE_POLICIES, TieredCache, TierStats, default_cost_model
 from .host import HostTier
 from .remote import HostDown, RemoteBackend, RemoteTier, SimulatedHosts
 from .redis_backend import RedisBackend

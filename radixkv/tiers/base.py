@@ -146,6 +146,8 @@ class Tier:
         """Slots holding a page. O(1)."""
         self.page_shape: Optional[Tuple[int, ...]] = None
         self.dtype: Optional[np.dtype] = None
+        self.stack: Optional[Any] = None
+        """The :class:`~radixkv.tiers.stack.TierStack` this tier joined (one cache's), or ``None``."""
 
     # -- set by the stack when the tier joins a cache
     def attach(self, page_size: int, kv_shape: Optional[Sequence[int]], dtype: Any) -> None:

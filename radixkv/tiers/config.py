@@ -7,7 +7,7 @@ from typing import Optional, Sequence, Union
 from ..cache import PrefixCache
 from ..keys import check_positive_int
 from .base import Tier, TierConfigError
-from .cache import WRITE_POLICIES, TieredCache
+from .tiered import WRITE_POLICIES, TieredCache
 from .host import HostTier
 from .remote import RemoteTier
 

@@ -97,6 +97,8 @@ class TierStack:
     def __init__(self, tiers: Sequence[Tier], page_size: int, has_payload: bool,
                  ledger: TransferLedger, page_bytes: int, leaves_first: bool = True) -> None:
         self.tiers: List[Tier] = list(tiers)
+        for tier in self.tiers:
+            tier.stack = self
         self.leaves_first = leaves_first
         self._index = {id(t): i for i, t in enumerate(self.tiers)}
         self.tree = RadixTree(page_size)
@@ -288,6 +290,20 @@ class TierStack:
                 self._rank(parent)
             node = parent
 
+    def split_copy(self, node: Node, pages: int) -> Node:
+        """Cut resident ``node`` after ``pages`` pages; return the new upper node (``node`` keeps the tail).
+
+        For a tier that moves single pages of a node (a recalled loan). O(pages of node).
+        """
+        return self._split(node, pages)
+
+    def forget_copy(self, node: Node) -> None:
+        """Forget resident ``node``'s copy: its slots go back to its tier, the node leaves the spill
+        tree (with placeholders above it that held nothing else). For storage that is gone (a crashed
+        lender); the caller forgets the copies below first. O(depth)."""
+        node.ext.tier.give(self._release(node).slots)
+        self._drop(node)
+
     def _drop(self, node: Node) -> None:
         self._set_ext(node, None)
         self._gc(node)
@@ -448,12 +464,18 @@ class TierStack:
         return end - pos
 
     # ------------------------------------------------------------------ writes
-    def _carve(self, key: Hashable, data: bytes, start: int, end: int) -> List[Node]:
-        """Spill-tree nodes covering exactly pages ``[start, end)`` of ``data``, created as placeholders if new."""
+    def _carve(self, key: Hashable, data: bytes, start: int, end: int, top: Optional[Node] = None) -> List[Node]:
+        """Spill-tree nodes covering exactly pages ``[start, end)`` of ``data``, created as placeholders if new.
+
+        ``data`` holds the pages from ``top``'s end on (``top``: the root of ``key`` if ``None``).
+        """
         tree = self.tree
         pb = tree.page_bytes
-        root = tree.root(key)
-        node, pos, child, common = tree.walk(root, data, end)
+        if top is None:
+            top = tree.root(key)
+        base = top.end
+        node, pos, child, common = tree.walk(top, data, end - base)
+        pos += base
         if child is not None:
             node = self._split(child, common)
             pos += common
@@ -467,30 +489,39 @@ class TierStack:
             self._split(existing[0], start - existing[0].start)
         if pos < end:
             if pos < start:
-                node = self._add_leaf(node, data[pos * pb: start * pb], start - pos)
+                node = self._add_leaf(node, data[(pos - base) * pb: (start - base) * pb], start - pos)
                 pos = start
-            existing.append(self._add_leaf(node, data[pos * pb: end * pb], end - pos))
+            existing.append(self._add_leaf(node, data[(pos - base) * pb: (end - base) * pb], end - pos))
         return existing
 
     def put(self, key: Hashable, data: bytes, start: int, end: int, pages: Optional[np.ndarray],
-            src: str = HBM) -> None:
+            src: str = HBM, top: Optional[Node] = None) -> Optional[Node]:
         """Store pages ``[start, end)`` of ``data`` (payload ``pages``) below HBM.
 
+        ``data`` holds the pages from the root of ``key`` on, or, given ``top``
+        (a live spill-tree node on the same path, ending at or before
+        ``start``: an *anchor*), from ``top``'s end on, so a caller that knows
+        where the path's upper part sits passes only the bytes below it.
         Pages that already have a lower copy are skipped. The first tier makes
         room by evicting (cascading) its lowest-ranked pages; pages it cannot
         hold at all go to the next tier, deepest first, as if demoted one at a
-        time; what no tier can hold is dropped. Cost: one walk plus the
-        evictions it needs.
+        time; what no tier can hold is dropped. Returns the spill-tree node
+        that ends at page ``start`` (an anchor for the next put below it; it
+        may have left the tree by then: check ``gen``), ``None`` when nothing
+        was stored. Cost: one walk from the anchor plus the evictions it needs.
         """
         if not self.tiers or end <= start:
-            return
+            return None
         self.tick += 1
-        nodes = [n for n in self._carve(key, data, start, end) if n.ext is None]
+        carved = self._carve(key, data, start, end, top)
+        anchor = carved[0].parent
+        nodes = [n for n in carved if n.ext is None]
         for n in nodes:
             self._set_ext(n, IN_FLIGHT)
         sums = checksums(pages) if pages is not None and self.has_payload else None
         self._place(0, nodes, pages, sums, start, self.tick, src)
         self._sweep_lost()
+        return anchor
 
     def _place(self, i: int, nodes: List[Node], pages: Optional[np.ndarray], sums: Optional[np.ndarray],
                start: int, stamp: int, src: str) -> None:
@@ -704,5 +735,6 @@ class TierStack:
                 tier = node.ext.tier
                 self._give(tier, self._release(node).slots)
             node.ext = None
+            node.gen = -1  # gone: an anchor to it is stale
         self.tree = RadixTree(self.tree.page_size)
         self.journal = None if journal is None else []
