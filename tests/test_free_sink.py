@@ -20,7 +20,9 @@ from radixkv import PrefixCache
 from radixkv.errors import ArgumentTypeError
 from radixkv.policies import LRU
 
-from .strategies import small_tokens
+from radixkv.testing.strategies import token_lists
+
+small_tokens = token_lists(max_size=14)
 
 PAGE = 2
 
