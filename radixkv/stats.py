@@ -326,8 +326,8 @@ class ReplayStats:
         tier_costs: a tiered cache's :class:`~radixkv.costs.CostModel`, whose tier paths and
             links price pages loaded from lower tiers (for ``model`` on ``hardware``).
 
-    Cost of :meth:`add`: O(1) for a request that hits every full page; otherwise
-    O(pages) numpy work to key the pages (see the module doc).
+    Cost of :meth:`add`: a small constant plus O(runs on the request's path) with miss
+    reasons on (see the module doc).
     """
 
     def __init__(self, page_size: int, *, model: Union[str, ModelSpec] = DEFAULT_MODEL,
@@ -485,9 +485,13 @@ class ReplayStats:
         h = hit_tokens // p
         partial = num_tokens - n * p
         evicted = was_declined = others = first = 0
-        if h < n:
-            history = self._history
-            namespace = request.namespace
+        history = self._history
+        namespace = request.namespace
+        if h >= n:
+            if n:  # every full page hit: they were cached, which the history missed if the cache was
+                keys = self._free_keys(request)  # filled before the replay
+                history.add_cached(keys, history.ever_cached(keys, namespace), n, namespace)
+        else:
             keys = self._free_keys(request)
             covered = history.ever_cached(keys, namespace)
             seen = covered if covered > h else h  # hit pages were cached, unless the cache was filled before

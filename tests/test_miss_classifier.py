@@ -87,7 +87,7 @@ def request(tokens: list, namespace, as_list: bool) -> Request:
 
 
 @given(trace=traces(), page_size=st.integers(1, 3), num_blocks=st.integers(1, 12),
-       declines=st.booleans(), tiered=st.booleans(), warm=st.just(0), read_ahead=st.integers(1, 7),
+       declines=st.booleans(), tiered=st.booleans(), warm=st.integers(0, 3), read_ahead=st.integers(1, 7),
        unbatched=st.sets(st.integers(0, 39), max_size=6))
 @settings(deadline=None)
 def test_classifier_equals_the_reference(trace, page_size, num_blocks, declines, tiered, warm, read_ahead,
@@ -145,3 +145,15 @@ def test_keys_of_a_batch_equal_keys_one_at_a_time(batch_tokens):
     assert len(flat) == offsets[-1] == sum(len(t) // 4 for t in arrays)
     for i, tokens in enumerate(arrays):
         assert flat[offsets[i] : offsets[i + 1]].tolist() == keys.keys(tokens, len(tokens) // 4).tolist()
+
+
+def test_a_page_cached_before_the_replay_and_evicted_since_is_evicted():
+    """A request that hit every page of a cache filled before the replay recorded nothing, so
+    the page evicted later came back as first sight (or other namespace) instead of evicted."""
+    cache = PrefixCache(num_blocks=1, page_size=1)
+    cache.admit([0], namespace=None).release()  # before the replay
+    records = []
+    replay([Request(np.array([0], dtype=np.uint32)), Request(np.array([0], dtype=np.uint32), namespace="a"),
+            Request(np.array([0], dtype=np.uint32))], cache, on_record=records.append)
+    reasons = [{k: v for k, v in r.miss_tokens_by_reason.items() if v} for r in records]
+    assert reasons == [{}, {"other_namespace": 1}, {"evicted": 1}]
