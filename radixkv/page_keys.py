@@ -1,12 +1,20 @@
-"""Page identities: one key per full page, equal exactly when the token prefix through that page is.
+"""Page identities: one identity per full page, equal when the token prefix through that page is.
 
 A *page* is the whole token prefix through it (and, where it matters, its
 namespace), so two requests share page ``d`` exactly when their first
-``d + 1`` pages of tokens are equal. :class:`PrefixKeys` gives such pages
-64-bit keys: a random linear hash of the token prefix, computed for a whole
-request, or for a whole batch of requests, in a fixed number of vectorized
-numpy calls. Two different prefixes share a key with probability about
-``2**-64`` per pair; wider identities XOR in a second key of another seed.
+``d + 1`` pages of tokens are equal. Every analysis that needs to know which
+pages are the same takes its identities from here:
+
+* :class:`PrefixKeys`: 64-bit keys, a random linear hash of the token prefix
+  (XOR a salt of the namespace), computed for a whole request, or a whole batch
+  of requests, in a fixed number of vectorized numpy calls. Two different
+  prefixes share a key with probability about ``2**-64`` per pair. The miss
+  reasons (:mod:`radixkv.stats`) use one lane; Belady's pre-pass
+  (:mod:`policies.belady`) two lanes of different seeds, a 128-bit identity.
+* :class:`PageInterner`: exact, dense ids (0, 1, 2, ...) from chained
+  ``(parent id, page bytes)`` lookups, for the LRU curve's stack
+  (:mod:`radixkv.curve`), whose arrays are indexed by page id. No collisions, at
+  one dict lookup and ``page_size * 4`` bytes per distinct page.
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ from typing import List, Optional, Sequence, Tuple
 from cachetools import LRUCache
 import numpy as np
 
-from .keys import TOKEN_DTYPE
+from .keys import TOKEN_DTYPE, as_tokens, check_positive_int
 
-__all__ = ["PrefixKeys"]
+__all__ = ["PageInterner", "PrefixKeys"]
 
 _U64 = np.uint64
 _SALT_MEMO = 4096
@@ -40,6 +48,7 @@ class PrefixKeys:
 
     def __init__(self, page_size: int, seed: int = 0x52AD1C) -> None:
         self.page_size = page_size
+        self._salt_key = (seed % (1 << 64)).to_bytes(8, "little")  # lanes of other seeds salt independently
         self._rng = np.random.default_rng(seed)
         self._coef = self._odd(page_size)
         self._offset = self._odd(1)[0]
@@ -130,12 +139,38 @@ class PrefixKeys:
         out[at : at + total] = h
 
     def salt(self, namespace: Optional[str]) -> np.uint64:
-        """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``). Memoized, boundedly:
-        single-use namespaces must not grow memory without bound."""
+        """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``): a keyed blake2b of its
+        text, keyed by the seed. Memoized, boundedly: single-use namespaces must not grow memory
+        without bound."""
         if namespace is None:
             return _U64(0)
         salt = self._salts.get(namespace)
         if salt is None:
-            digest = hashlib.blake2b(str(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+            digest = hashlib.blake2b(str(namespace).encode("utf-8", "surrogatepass"), digest_size=8,
+                                     key=self._salt_key).digest()
             salt = self._salts[namespace] = _U64(int.from_bytes(digest, "little"))
         return salt
+
+
+class PageInterner:
+    """Exact page identities for token sequences: chained ``(parent id, page bytes) -> id``.
+
+    Equal identity if and only if equal token prefix up to the end of the
+    page; no hashing shortcuts, so no collisions. Cost: O(len(tokens)) per
+    call, one dict lookup per page; memory O(distinct pages * page_size).
+    """
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = check_positive_int(page_size, "page_size")
+        self._table: dict[tuple[int, bytes], int] = {}
+
+    def ids(self, tokens: np.ndarray) -> np.ndarray:
+        """Identities of the full pages of ``tokens`` (int64), interning new ones."""
+        tokens = as_tokens(tokens)
+        n = len(tokens) // self.page_size
+        pages = tokens[: n * self.page_size].view(np.dtype((np.void, self.page_size * tokens.itemsize))).tolist()
+        table, out, parent = self._table, [], -1
+        for page in pages:
+            parent = table.setdefault((parent, page), len(table))
+            out.append(parent)
+        return np.asarray(out, dtype=np.int64)
