@@ -21,20 +21,22 @@ farthest page of the whole tree is a leaf tail. So a leaf is ranked by its
 tail page's next use, :meth:`on_victim` lets only the tail run that shares
 that next use go, and the engine re-ranks the leaf by its new tail.
 
-The pre-pass identifies pages by chained 128-bit hashes of their token
-prefixes (two independent 64-bit lanes, vectorized in numpy), then finds
-each reference's next reference with one stable sort. O(total pages log).
+The pre-pass identifies pages by 128-bit keys of their token prefixes and
+namespace (two independent lanes of :class:`radixkv.page_keys.PrefixKeys`,
+vectorized in numpy over batches of requests), then finds each reference's
+next reference with one stable sort. O(total pages log).
 """
 
 from __future__ import annotations
 
-import hashlib
+from itertools import islice
 from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_DTYPE
+from radixkv.page_keys import PrefixKeys
 from radixkv.traces import Request
 from radixkv.tree import Node
 
@@ -46,47 +48,33 @@ if TYPE_CHECKING:  # pragma: no cover
 NEVER = 1 << 62
 """Next-use value of a page no later request uses."""
 
-_U64 = np.uint64
-_MASK = (1 << 64) - 1
+_LANE_SEEDS = (0x5EED_0001, 0x5EED_0002)
+"""Seeds of the two 64-bit key lanes that make a page's 128-bit identity."""
+_BATCH = 256
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer, elementwise on uint64 (wrapping arithmetic)."""
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
-
-
-class _Lane:
-    """One 64-bit hash lane: page hash = mix(sum token_k * c_k); prefix hash chains pages with base ``b``."""
-
-    def __init__(self, seed: int, page_size: int) -> None:
-        rng = np.random.default_rng(seed)
-        self.coef = rng.integers(0, 1 << 63, size=page_size, dtype=np.uint64) * _U64(2) + _U64(1)
-        self.base = int(rng.integers(0, 1 << 62)) * 2 + 1
-        self.inv = pow(self.base, -1, 1 << 64)
-        self.pow = np.ones(1, dtype=np.uint64)
-        self.ipow = np.ones(1, dtype=np.uint64)
-
-    def _grow(self, n: int) -> None:
-        while len(self.pow) < n:
-            m = len(self.pow)
-            self.pow = np.concatenate([self.pow, self.pow * _U64(pow(self.base, m, 1 << 64))])
-            self.ipow = np.concatenate([self.ipow, self.ipow * _U64(pow(self.inv, m, 1 << 64))])
-
-    def prefixes(self, pages: np.ndarray, root: int) -> np.ndarray:
-        """Hash of every page prefix: ``h_d = root*B^(d+1) + sum_{j<=d} page_j * B^(d-j)`` (mod 2^64)."""
-        n = len(pages)
-        self._grow(n)
-        ph = _mix((pages * self.coef).sum(axis=1, dtype=np.uint64))
-        acc = np.cumsum(ph * self.ipow[:n], dtype=np.uint64) + _U64((root * self.base) & _MASK)
-        return acc * self.pow[:n]
-
-
-def _namespace_seed(namespace: Optional[str]) -> int:
-    if namespace is None:
-        return 0
-    return int.from_bytes(hashlib.blake2b(namespace.encode(), digest_size=8).digest(), "little") | 1
+def _identities(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, np.ndarray, List[int]]:
+    """Two independent 64-bit keys of every full page of every request, namespace salted
+    (:class:`radixkv.page_keys.PrefixKeys`, one per lane), and each request's page count.
+    Keyed :data:`_BATCH` requests at a time. O(tokens) numpy work."""
+    lanes = [PrefixKeys(page_size, seed) for seed in _LANE_SEEDS]
+    parts: Tuple[List[np.ndarray], List[np.ndarray]] = ([], [])
+    counts: List[int] = []
+    it = iter(requests)
+    while True:
+        batch = list(islice(it, _BATCH))
+        if not batch:
+            break
+        arrays = [np.asarray(r.tokens, dtype=TOKEN_DTYPE) for r in batch]
+        for lane, out in zip(lanes, parts):
+            keys, offsets = lane.many(arrays)
+            sizes = np.diff(offsets)
+            keys ^= np.repeat(np.array([lane.salt(r.namespace) for r in batch], dtype=np.uint64), sizes)
+            out.append(keys)
+        counts.extend(sizes.tolist())
+    empty = np.zeros(0, dtype=np.uint64)
+    return (np.concatenate(parts[0]) if parts[0] else empty, np.concatenate(parts[1]) if parts[1] else empty,
+            counts)
 
 
 def next_uses(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -96,26 +84,12 @@ def next_uses(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, 
     :data:`NEVER` when no later request uses it. Pages are the same when their
     namespace and whole token prefix through that page are. O(pages log pages).
     """
-    lanes = (_Lane(0x5EED_0001, page_size), _Lane(0x5EED_0002, page_size))
-    parts_a: List[np.ndarray] = []
-    parts_b: List[np.ndarray] = []
-    counts: List[int] = []
-    for request in requests:
-        tokens = np.asarray(request.tokens, dtype=TOKEN_DTYPE)
-        n = len(tokens) // page_size
-        pages = tokens[: n * page_size].reshape(n, page_size).astype(np.uint64)
-        root = _namespace_seed(request.namespace)
-        parts_a.append(lanes[0].prefixes(pages, root))
-        parts_b.append(lanes[1].prefixes(pages, root ^ 0x9E3779B97F4A7C15))
-        counts.append(n)
+    a, b, counts = _identities(requests, page_size)
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     total = int(offsets[-1])
     nxt = np.full(total, NEVER, dtype=np.int64)
     if total:
-        a = np.concatenate(parts_a)
-        b = np.concatenate(parts_b)
-        del parts_a, parts_b
         owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         order = np.lexsort((b, a))  # stable: equal pages stay in request order
         sa, sb = a[order], b[order]

@@ -45,9 +45,10 @@ import numpy as np
 
 from .errors import ArgumentValueError, TraceFormatError
 from .keys import as_tokens, check_int
+from .page_keys import PageInterner
 from .traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, expand_mooncake, json_lines
 
-__all__ = ["CurveResult", "LruStackDistances", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
+__all__ = ["CurveResult", "LruStackDistances", "PageInterner", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
 
 
 
@@ -257,30 +258,6 @@ class LruStackDistances:
             grown = np.zeros(max(needed, 2 * len(self._rank_counts)), dtype=np.int64)
             grown[: len(self._rank_counts)] = self._rank_counts
             self._rank_counts = grown
-
-
-class PageInterner:
-    """Exact page identities for token sequences: chained ``(parent id, page bytes) -> id``.
-
-    Equal identity if and only if equal token prefix up to the end of the
-    page; no hashing shortcuts, so no collisions. Cost: O(len(tokens)) per
-    call, one dict lookup per page; memory O(distinct pages * page_size).
-    """
-
-    def __init__(self, page_size: int) -> None:
-        self.page_size = check_int(page_size, "page_size", minimum=1)
-        self._table: dict[tuple[int, bytes], int] = {}
-
-    def ids(self, tokens: np.ndarray) -> np.ndarray:
-        """Identities of the full pages of ``tokens`` (int64), interning new ones."""
-        tokens = as_tokens(tokens)
-        n = len(tokens) // self.page_size
-        pages = tokens[: n * self.page_size].view(np.dtype((np.void, self.page_size * tokens.itemsize))).tolist()
-        table, out, parent = self._table, [], -1
-        for page in pages:
-            parent = table.setdefault((parent, page), len(table))
-            out.append(parent)
-        return np.asarray(out, dtype=np.int64)
 
 
 def lru_curve(requests: Iterable[np.ndarray], page_size: int, capacities: Sequence[int]) -> CurveResult:

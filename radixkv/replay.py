@@ -11,13 +11,18 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterable, Optional, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from .cache import PrefixCache
 from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from .errors import ArgumentValueError
 from .stats import ReplayStats, RequestRecord
 from .traces import Request
+
+
+READ_AHEAD = 256
+"""Requests replay reads ahead with miss reasons on, to key their pages in one batch
+(:meth:`radixkv.stats.ReplayStats.prepare`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +105,10 @@ def replay(
     raises ValueError naming the request, before that request is admitted, and
     so does a NaN or infinite one (requests without a timestamp are not checked).
 
-    Cost: the cache's ``admit`` per request, plus O(pages) vectorized numpy
-    work per request with a miss for the miss reasons.
+    Cost: the cache's ``admit`` per request, plus for the miss reasons a small
+    constant and O(pages) per request: the pages are keyed in batches of
+    :data:`READ_AHEAD` requests (read that far ahead; an error from reading
+    ``requests`` still surfaces after the requests before it are replayed).
 
     An offline policy (``cache.policy.offline``, e.g. Belady) first gets the
     whole sequence through ``policy.prepare(requests, page_size, first_clock)``;
@@ -130,6 +137,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     other_pages = stats.other_pages
     loaded = None
     first_ts = last_ts = None
+    if miss_reasons:
+        requests = _prepared(requests, stats)
     for request in requests:
         ts = request.timestamp
         if ts is not None:
@@ -176,6 +185,34 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         first_timestamp=first_ts,
         last_timestamp=last_ts,
     )
+
+
+def _prepared(requests: Iterable, stats: ReplayStats) -> Iterator:
+    """``requests`` in order, each batch of :data:`READ_AHEAD` handed to ``stats.prepare`` first."""
+    for batch in _batches(requests, READ_AHEAD):
+        stats.prepare(batch)
+        yield from batch
+
+
+def _batches(requests: Iterable, size: int) -> Iterator[List]:
+    """Lists of up to ``size`` consecutive items of ``requests``. An exception from reading (a bad
+    trace line) is raised after the items read before it are yielded, where reading one at a
+    time would raise it."""
+    it = iter(requests)
+    while True:
+        batch: List = []
+        try:
+            for _ in range(size):
+                batch.append(next(it))
+        except StopIteration:
+            if batch:
+                yield batch
+            return
+        except Exception:
+            if batch:
+                yield batch
+            raise
+        yield batch
 
 
 def pages_loaded(before: Dict[str, int], after: Dict[str, int], tiers: tuple, page_size: int) -> Dict[str, int]:

@@ -24,41 +24,42 @@ A page is the whole token prefix through that page, in one namespace. The
 reasons are checked in the order of the table.
 
 **How pages are remembered** (:class:`PageHistory`). Each full page gets a 64-bit
-key: a random linear hash of its token prefix, computed for a whole request in
-a few vectorized numpy calls. The pages ever cached in a namespace are
-prefix-closed (a page is cached only below cached pages), so they form a tree
-of *runs*: each request adds at most one run, the pages it cached for the first
-time, starting at a page never cached before. Runs are stored in a dict from
-their first key to the array of their keys. Finding how many leading pages of
-a request were ever cached walks that tree: one dict lookup and one array
-comparison per run on the path. So the default cost per request is O(pages)
-numpy work plus O(runs on the path), and memory is 8 bytes per distinct page
-ever cached (plus ~150 bytes per run). Two different prefixes can share a key
-with probability about 2**-64 per pair; a collision could move a miss from one
-reason to another, never change a hit. ``replay(..., miss_reasons=False)``
-turns the tracking off.
+key of its token prefix (:class:`~radixkv.page_keys.PrefixKeys`), computed once per
+request and shared by every part of the classification; replay keys its requests
+in batches of :data:`~radixkv.replay.READ_AHEAD`, a few vectorized numpy calls per
+batch, so a short prompt does not pay numpy's per-call overhead. The pages ever
+cached in a namespace are prefix-closed (a page is cached only below cached
+pages), so they form a tree of *runs*: each request adds at most one run, the
+pages it cached for the first time, starting at a page never cached before.
+Runs are stored in a dict from ``(namespace, first key)`` to the array of their
+keys. Finding how many leading pages of a request were ever cached walks that
+tree: one dict lookup and one key comparison per run on the path. So the cost
+per request is a small constant plus O(pages) (keying, and the index of pages
+cached under other namespaces, :class:`PageIndex`) in plain Python on ints, and
+memory is 8 bytes per distinct page ever cached (plus ~150 bytes per run). Two
+different prefixes can share a key with probability about 2**-64 per pair; a
+collision could move a miss from one reason to another, never change a hit.
+``replay(..., miss_reasons=False)`` turns the tracking off.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Dict, Mapping, Optional, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from cachetools import LRUCache
 import numpy as np
 
 from .costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, HardwareSpec, ModelSpec, get_hardware, get_model,
                     prefill_flops)
 from .errors import ArgumentTypeError
-from .traces import TOKEN_DTYPE, Request
+from .keys import TOKEN_DTYPE, as_tokens
+from .page_keys import PrefixKeys
+from .traces import Request
 
 MISS_REASONS = ("first_sight", "evicted", "partial_page", "declined", "other_namespace")
 """Every reason a prompt token can miss, in the order they are checked (see the module doc)."""
 
 _U64 = np.uint64
-_SALT_MEMO = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,124 +98,96 @@ class RequestRecord:
         return asdict(self)
 
 
-class PrefixKeys:
-    """64-bit keys of the page prefixes of token arrays, vectorized.
+def _ints(keys: Union[Sequence[int], np.ndarray]) -> Sequence[int]:
+    """``keys`` as Python ints: indexing and iterating a list is several times faster than a
+    small numpy array."""
+    return keys.tolist() if isinstance(keys, np.ndarray) else keys
 
-    ``key[d] = salt ^ sum_{j<=d} (page_hash[j] + b) * r[j]  (mod 2**64)``, where
-    ``page_hash[j] = sum_i token[j, i] * a[i]`` and ``a``, ``b``, ``r`` are fixed
-    random odd 64-bit numbers. Equal prefixes (and namespaces) give equal keys.
-    Cost: O(tokens) numpy work, a handful of calls per request.
-    """
 
-    def __init__(self, page_size: int, seed: int = 0x52AD1C) -> None:
-        self.page_size = page_size
-        self._rng = np.random.default_rng(seed)
-        self._coef = self._odd(page_size)
-        self._offset = self._odd(1)[0]
-        self._depth = self._odd(1024)
-        # The recent namespaces' salts: a bounded LRU map, so single-use namespaces (per-request
-        # salts) neither grow memory nor evict the busy tenants' salts wholesale.
-        self._salts: LRUCache = LRUCache(maxsize=_SALT_MEMO)
-
-    def _odd(self, n: int) -> np.ndarray:
-        return self._rng.integers(0, 1 << 63, size=n, dtype=np.uint64) * _U64(2) + _U64(1)
-
-    def keys(self, tokens: np.ndarray, num_pages: int, namespace: Optional[str] = None) -> np.ndarray:
-        """Keys of the first ``num_pages`` full pages of ``tokens`` (uint64)."""
-        h = self.extend(np.asarray(tokens, dtype=TOKEN_DTYPE), 0, num_pages, _U64(0))
-        salt = self.salt(namespace)
-        if salt:
-            h ^= salt
-        return h
-
-    def extend(self, tokens: np.ndarray, start: int, num_pages: int, prev: np.uint64) -> np.ndarray:
-        """Namespace-free keys of pages ``start .. start + num_pages - 1`` of a prefix whose page
-        ``start - 1`` has namespace-free key ``prev`` (0 at ``start == 0``); ``tokens`` holds those
-        pages' tokens. ``keys(t, n, None)`` is ``extend(t, 0, n, 0)``."""
-        end = start + num_pages
-        while len(self._depth) < end:
-            self._depth = np.concatenate([self._depth, self._odd(len(self._depth))])
-        pages = tokens[: num_pages * self.page_size]
-        # einsum sums the products without a (pages, page_size) uint64 temporary: 2x faster
-        h = np.einsum("ij,j->i", pages.reshape(num_pages, self.page_size), self._coef,
-                      dtype=np.uint64, casting="unsafe")
-        h += self._offset
-        h *= self._depth[start:end]
-        if prev:
-            h[:1] += prev
-        np.cumsum(h, out=h)
-        return h
-
-    def salt(self, namespace: Optional[str]) -> np.uint64:
-        """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``). Memoized, boundedly:
-        single-use namespaces must not grow memory without bound."""
-        if namespace is None:
-            return _U64(0)
-        salt = self._salts.get(namespace)
-        if salt is None:
-            digest = hashlib.blake2b(str(namespace).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            salt = self._salts[namespace] = _U64(int.from_bytes(digest, "little"))
-        return salt
+def _agreeing(run: np.ndarray, keys: np.ndarray, d: int, m: int) -> int:
+    """Leading keys of ``run`` equal to ``keys[d:]``, given ``run[0] == keys[d]`` and
+    ``run[m - 1] != keys[d + m - 1]``. Keys are prefix keys: where two agree, every key before
+    agrees too, so a binary search finds the first difference, in O(log m) scalar comparisons
+    (cheaper than comparing whole arrays for the short runs of short prompts)."""
+    lo, hi = 1, m - 1  # run[:lo] agrees, run[hi] differs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if run[mid] == keys[d + mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class PageHistory:
     """Which pages were ever cached, and ever declined, per namespace (see the module doc).
 
-    Works on the keys of :class:`PrefixKeys`. Cost: :meth:`ever_cached` is one dict
-    lookup and one array comparison per run on the request's path;
+    Works on the namespace-free keys of :class:`PrefixKeys`; a run is filed
+    under ``(namespace, its first key)``, so namespaces never share one. Cost:
+    :meth:`ever_cached` is one dict lookup and one key comparison per run on the
+    request's path (an array comparison where the request leaves a run);
     :meth:`add_cached` is O(pages added). Memory: 8 bytes per page ever cached.
     """
 
     def __init__(self) -> None:
-        self._cached: Dict[int, np.ndarray] = {}
-        self._declined: Dict[int, np.ndarray] = {}
+        self._cached: Dict[Tuple[Optional[str], int], np.ndarray] = {}
+        self._declined: Dict[Tuple[Optional[str], int], np.ndarray] = {}
+        self._declining: set = set()  # the namespaces with declined pages
         self.num_cached = 0
         """Distinct pages ever cached."""
 
     @staticmethod
-    def _covered(runs: Dict[int, np.ndarray], keys: np.ndarray, d: int) -> int:
-        """Walk the run tree ``runs`` along ``keys`` from depth ``d``; return the depth reached."""
+    def _covered(runs: Dict[Tuple[Optional[str], int], np.ndarray], namespace: Optional[str], keys: np.ndarray,
+                 d: int) -> int:
+        """Walk ``namespace``'s run tree in ``runs`` along ``keys`` from depth ``d``; return the depth reached."""
         n = len(keys)
         while d < n:
-            run = runs.get(int(keys[d]))
+            run = runs.get((namespace, int(keys[d])))
             if run is None:
                 break
             m = min(len(run), n - d)
-            if m > 1 and run[m - 1] != keys[d + m - 1]:  # equal last keys: equal prefixes, so all equal
-                differ = run[:m] != keys[d : d + m]
-                m = int(differ.argmax())
+            if run[m - 1] != keys[d + m - 1]:  # equal last keys: equal prefixes, so all equal
+                m = _agreeing(run, keys, d, m)
             d += m  # m >= 1: the run starts with keys[d]
         return d
 
-    def ever_cached(self, keys: np.ndarray) -> int:
-        """How many leading pages of ``keys`` were ever cached (a prefix, since the set is prefix-closed)."""
-        return self._covered(self._cached, keys, 0)
+    def ever_cached(self, keys: np.ndarray, namespace: Optional[str] = None) -> int:
+        """How many leading pages of ``keys`` were ever cached in ``namespace`` (a prefix, since the
+        set is prefix-closed)."""
+        return self._covered(self._cached, namespace, keys, 0)
 
-    def add_cached(self, keys: np.ndarray, start: int, end: int) -> None:
-        """Record pages ``start..end-1`` as cached: ``start`` is :meth:`ever_cached` of ``keys``."""
+    def add_cached(self, keys: np.ndarray, start: int, end: int, namespace: Optional[str] = None) -> None:
+        """Record pages ``start..end-1`` as cached in ``namespace``: ``start`` is :meth:`ever_cached` of ``keys``."""
         if end > start:
-            self._cached[int(keys[start])] = keys[start:end].copy()
+            self._cached[namespace, int(keys[start])] = keys[start:end].copy()
             self.num_cached += end - start
 
     @property
     def any_declined(self) -> bool:
         return bool(self._declined)
 
-    def declined_mask(self, keys: np.ndarray) -> np.ndarray:
-        """Which pages of ``keys`` were ever declined. O(pages) dict lookups; call only if :attr:`any_declined`."""
+    def declines(self, namespace: Optional[str]) -> bool:
+        """Whether any page was ever declined in ``namespace``. O(1)."""
+        return namespace in self._declining
+
+    def declined_mask(self, keys: np.ndarray, namespace: Optional[str] = None) -> np.ndarray:
+        """Which pages of ``keys`` were ever declined in ``namespace``. O(pages) dict lookups; call
+        only if :meth:`declines`."""
         mask = np.zeros(len(keys), dtype=bool)
         runs = self._declined
         for d, key in enumerate(keys.tolist()):
-            run = runs.get(key)
+            run = runs.get((namespace, key))
             if run is not None:  # a run starting here; an earlier one may have ended sooner
-                mask[d : self._covered({key: run}, keys, d)] = True
+                mask[d : self._covered({(namespace, key): run}, namespace, keys, d)] = True
         return mask
 
-    def add_declined(self, keys: np.ndarray, start: int) -> None:
-        """Record pages ``start..`` of ``keys`` as declined; only the part not already on a run is stored."""
-        start = self._covered(self._declined, keys, start)
+    def add_declined(self, keys: np.ndarray, start: int, namespace: Optional[str] = None) -> None:
+        """Record pages ``start..`` of ``keys`` as declined in ``namespace``; only the part not
+        already on a run is stored."""
+        start = self._covered(self._declined, namespace, keys, start)
         if start < len(keys):
-            self._declined[int(keys[start])] = keys[start:].copy()
+            self._declined[namespace, int(keys[start])] = keys[start:].copy()
+            self._declining.add(namespace)
 
 
 class PageIndex:
@@ -227,48 +200,54 @@ class PageIndex:
     ``key -> number of namespaces caching that prefix``. Asking how deep another
     namespace caches a request's prefix is then O(pages of the request), however
     many namespaces the cache holds (walking every namespace's root instead is
-    quadratic over a trace of single-use namespaces). Cost: O(pages) numpy work
-    plus one dict update per page stored or removed; memory 8 bytes per block
-    plus one dict entry per distinct cached page.
+    quadratic over a trace of single-use namespaces). Cost: one dict update per
+    page stored or removed, in plain Python (a few numpy calls per request cost
+    more than the whole update of a short prompt); the keys of stored pages come
+    from :meth:`expect`, or are hashed from the node's tokens. Memory: one list
+    slot per block plus one dict entry per distinct cached page.
     """
 
     def __init__(self, cache, keys: PrefixKeys) -> None:
         self._keys = keys
         self._page_size = cache.page_size
-        self._block_key = np.zeros(cache.num_blocks, dtype=np.uint64)
-        self._count: Counter = Counter()
-        self._expected: Optional[np.ndarray] = None
+        self._block_key: List[int] = [0] * cache.num_blocks
+        self._count: Dict[int, int] = {}
+        self._expected: Optional[Sequence[int]] = None
         for node in cache.nodes():  # parents before children
             self.stored(node)
 
-    def expect(self, free_keys: Optional[np.ndarray]) -> None:
+    def expect(self, free_keys: Optional[Union[Sequence[int], np.ndarray]]) -> None:
         """Until the next call, every page stored is a page of the prefix with these namespace-free
         keys (the request being admitted), so :meth:`stored` takes its keys from them instead of
         hashing the pages again. ``None`` ends it."""
-        self._expected = free_keys
+        self._expected = None if free_keys is None else _ints(free_keys)
 
     def stored(self, leaf) -> None:
         """``leaf``'s pages became cached (the engine calls this). O(pages)."""
         expected = self._expected
-        if expected is not None and leaf.start + leaf.num_pages <= len(expected):
-            keys = expected[leaf.start : leaf.start + leaf.num_pages]
+        end = leaf.start + leaf.num_pages
+        if expected is not None and end <= len(expected):
+            keys = expected[leaf.start : end]
         else:
             parent = leaf.parent
-            prev = self._block_key[parent.blocks[-1]] if parent.parent is not None else _U64(0)
+            prev = self._block_key[int(parent.blocks[-1])] if parent.parent is not None else 0
             tokens = np.frombuffer(leaf.key, dtype=TOKEN_DTYPE, count=leaf.num_pages * self._page_size)
-            keys = self._keys.extend(tokens, leaf.start, leaf.num_pages, prev)
-        self._block_key[leaf.blocks] = keys
-        self._count.update(keys.tolist())
+            keys = self._keys.extend(tokens, leaf.start, leaf.num_pages, _U64(prev)).tolist()
+        block_key, count = self._block_key, self._count
+        for block, key in zip(leaf.blocks.tolist(), keys):
+            block_key[block] = key
+            count[key] = count.get(key, 0) + 1
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` leave the cache (the engine calls this). O(len(blocks))."""
-        count = self._count
-        for k in self._block_key[blocks].tolist():
-            c = count[k] - 1
+        block_key, count = self._block_key, self._count
+        for block in blocks.tolist():
+            key = block_key[block]
+            c = count[key] - 1
             if c:
-                count[k] = c
+                count[key] = c
             else:
-                del count[k]
+                del count[key]
 
     def cleared(self) -> None:
         """Every page left the cache."""
@@ -279,14 +258,18 @@ class PageIndex:
         """Distinct page identities cached now."""
         return len(self._count)
 
-    def other_pages(self, free_keys: np.ndarray, own_pages: int) -> int:
+    def held(self, key: int) -> int:
+        """How many namespaces cache the page with namespace-free key ``key`` now. O(1)."""
+        return self._count.get(key, 0)
+
+    def other_pages(self, free_keys: Union[Sequence[int], np.ndarray], own_pages: int) -> int:
         """Most leading pages of the prefix with namespace-free keys ``free_keys`` that another
         namespace caches, given that the request's own namespace caches its first ``own_pages``.
         Stops at the first page no other namespace holds (each namespace's pages are
         prefix-closed). O(pages returned + 1)."""
         count = self._count
         d = 0
-        for k in free_keys.tolist():
+        for k in _ints(free_keys):
             if count.get(k, 0) - (d < own_pages) <= 0:
                 break
             d += 1
@@ -298,14 +281,24 @@ def _own_pages(cache, request: Request, num_pages: int) -> int:
     return cache.cached_pages(request.tokens[: num_pages * cache.page_size], namespace=request.namespace)
 
 
+def _indexed_other_pages(cache, request: Request, index: PageIndex, free_keys: Sequence[int]) -> int:
+    """:func:`other_namespace_pages` through ``index``, given the keys of the request's full pages
+    (ints) and that the cache holds a namespace other than the request's."""
+    if not free_keys or not index.held(free_keys[0]):
+        return 0
+    own = _own_pages(cache, request, len(free_keys)) if cache.holds_namespace(request.namespace) else 0
+    return index.other_pages(free_keys, own)
+
+
 def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = None,
                           free_keys: Optional[np.ndarray] = None) -> int:
     """Most leading full pages of ``request`` cached right now under another namespace than its own.
 
     Call it before admitting the request (admission may evict those pages). Read-only. With
     ``index`` (attached to ``cache``) and the request's namespace-free keys it is O(pages of the
-    request); without, it walks the tree from each other namespace's root. O(1) while the cache
-    holds at most the request's own namespace.
+    request), and walks the request's own namespace only when that namespace holds pages and
+    another namespace holds its first page; without, it walks the tree from each other
+    namespace's root. O(1) while the cache holds at most the request's own namespace.
     """
     namespace = request.namespace
     held = cache.num_namespaces
@@ -313,7 +306,7 @@ def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = 
         return 0
     num_pages = len(request.tokens) // cache.page_size
     if index is not None:
-        return index.other_pages(free_keys[:num_pages], _own_pages(cache, request, num_pages))
+        return _indexed_other_pages(cache, request, index, _ints(free_keys[:num_pages]))
     tokens = request.tokens[: num_pages * cache.page_size]
     return max((cache.cached_pages(tokens, namespace=ns) for ns in cache.namespaces() if ns != namespace),
                default=0)
@@ -331,8 +324,8 @@ class ReplayStats:
         tier_costs: a tiered cache's :class:`~radixkv.costs.CostModel`, whose tier paths and
             links price pages loaded from lower tiers (for ``model`` on ``hardware``).
 
-    Cost of :meth:`add`: O(1) for a request that hits every full page; otherwise
-    O(pages) numpy work to key the pages (see the module doc).
+    Cost of :meth:`add`: a small constant plus O(runs on the request's path) with miss
+    reasons on (see the module doc).
     """
 
     def __init__(self, page_size: int, *, model: Union[str, ModelSpec] = DEFAULT_MODEL,
@@ -366,7 +359,53 @@ class ReplayStats:
         self._history = PageHistory() if miss_reasons else None
         self._index: Optional[PageIndex] = None
         self._previous_index = None
-        self._free = None  # (request, its namespace-free page keys): computed once per request
+        # The batch :meth:`prepare` keyed: its requests, where each one is in it (by id; the
+        # request is checked too), their namespace-free page keys and each one's offset in them.
+        self._batch: Sequence[Request] = ()
+        self._where: Dict[int, int] = {}
+        self._batch_keys = np.zeros(0, dtype=np.uint64)
+        self._offsets: List[int] = [0]
+        self._last: Optional[Tuple[Request, np.ndarray]] = None  # the last request keyed, and its keys
+
+    def prepare(self, requests: Sequence[Request]) -> None:
+        """Key the full pages of the next ``requests`` in one batch (:meth:`PrefixKeys.many`), for
+        :meth:`other_pages` and :meth:`add` to find. Replaces the previous batch.
+
+        Optional: a request not prepared is keyed on its own when it needs keys. Keying a batch
+        costs a fixed number of numpy calls plus O(tokens), where one request at a time pays
+        those calls per request, which is most of the miss reasons' cost on short prompts.
+        Requests whose tokens are not a 1-D uint32 array are left to be checked and keyed
+        later. No-op with miss reasons off.
+        """
+        if self._keys is None:
+            return
+        batch = [r for r in requests
+                 if r.tokens.__class__ is np.ndarray and r.tokens.dtype == TOKEN_DTYPE and r.tokens.ndim == 1]
+        self._batch_keys, self._offsets = self._keys.many([r.tokens for r in batch])
+        self._batch = batch
+        self._where = dict(zip(map(id, batch), range(len(batch))))
+
+    def _prepared(self, request: Request) -> Optional[np.ndarray]:
+        """``request``'s keys if :meth:`prepare` keyed them (or they were the last asked for), else ``None``."""
+        last = self._last
+        if last is not None and last[0] is request:
+            return last[1]
+        i = self._where.get(id(request))
+        if i is None or self._batch[i] is not request:
+            return None
+        keys = self._batch_keys[self._offsets[i] : self._offsets[i + 1]]
+        self._last = (request, keys)
+        return keys
+
+    def _free_keys(self, request: Request) -> np.ndarray:
+        """The namespace-free keys of ``request``'s full pages: prepared, or computed now (and kept
+        for the next call). Its tokens must be valid (raises as ``admit`` does otherwise)."""
+        keys = self._prepared(request)
+        if keys is None:
+            tokens = as_tokens(request.tokens)
+            keys = self._keys.keys(tokens, len(tokens) // self.page_size)
+            self._last = (request, keys)
+        return keys
 
     def other_pages(self, cache, request: Request) -> int:
         """:func:`other_namespace_pages` of ``request``, taken before admitting it.
@@ -378,8 +417,9 @@ class ReplayStats:
         """
         held = cache.num_namespaces
         if not held or (held == 1 and cache.holds_namespace(request.namespace)):
-            if self._index is not None:
-                self._index.expect(None)
+            if self._index is not None:  # the pages the admission stores are this request's, when known
+                keys = self._prepared(request)
+                self._index.expect(None if keys is None else keys.tolist())
             return 0
         if self._keys is None:
             return other_namespace_pages(cache, request)
@@ -387,17 +427,16 @@ class ReplayStats:
         if index is None or cache.page_index is not index:
             index = self._index = PageIndex(cache, self._keys)
             self._previous_index = cache.attach_page_index(index)
-        n = len(request.tokens) // self.page_size
-        free = self._keys.keys(request.tokens, n)
-        self._free = (request, free)
+        free = self._free_keys(request).tolist()
         index.expect(free)  # the pages the admission stores are this request's
-        return other_namespace_pages(cache, request, index, free)
+        return _indexed_other_pages(cache, request, index, free)
 
     def detach(self, cache) -> None:
         """Detach the :class:`PageIndex` :meth:`other_pages` attached to ``cache``, if any. O(1)."""
-        if self._index is not None and cache._page_index is self._index:
+        if self._index is not None and cache.page_index is self._index:
             cache.attach_page_index(self._previous_index)
         self._index = self._previous_index = None
+        self._batch, self._where, self._last = (), {}, None
 
     def add(self, request: Request, hit_tokens: int, admitted: int, declined: int, evicted: int,
             other_pages: int = 0, *, loaded_pages: Optional[Mapping[str, int]] = None,
@@ -420,50 +459,61 @@ class ReplayStats:
         self.evicted_blocks += evicted
         self.prefill_flops_saved += flops
         self.ttft_saving_seconds += saving
-        misses = self._classify(request, hit_tokens, admitted, declined, other_pages) if self._keys is not None else {}
-        if self._free is not None:
-            self._free = None
-            self._index.expect(None)
+        if self._keys is not None:
+            misses = self._classify(request, hit_tokens, admitted, declined, other_pages)
+            if self._index is not None:
+                self._index.expect(None)
         if not want_record:
             return None
+        misses = dict(zip(MISS_REASONS, misses)) if self._keys is not None else {}
         return RequestRecord(self.requests - 1, request.timestamp, request.namespace, prompt, hit_tokens, admitted, declined,
                              evicted, misses, flops, saving)
 
-    def _classify(self, request: Request, hit_tokens: int, admitted: int, declined: int, other: int) -> Dict[str, int]:
-        """Add the request's missed tokens to :attr:`miss_tokens_by_reason`; return its own counts."""
+    def _classify(self, request: Request, hit_tokens: int, admitted: int, declined: int,
+                  other: int) -> Tuple[int, int, int, int, int]:
+        """Add the request's missed tokens to :attr:`miss_tokens_by_reason`; return its own counts,
+        in the order of :data:`MISS_REASONS`.
+
+        O(1) plus O(runs on the request's path) dict lookups, and O(pages) for a namespace
+        with declined pages; the request's keys are computed once (:meth:`prepare`).
+        """
         p = self.page_size
-        tokens = request.tokens
-        n = len(tokens) // p
+        num_tokens = len(request.tokens)
+        n = num_tokens // p
         h = hit_tokens // p
-        out = dict.fromkeys(MISS_REASONS, 0)
-        out["partial_page"] = len(tokens) - n * p
-        if h < n:
-            history = self._history
-            memo = self._free
-            if memo is not None and memo[0] is request:
-                keys = memo[1] ^ self._keys.salt(request.namespace)
-            else:
-                keys = self._keys.keys(tokens, n, request.namespace)
-            covered = history.ever_cached(keys)
-            seen = max(covered, h)  # hit pages were cached, unless the cache was filled before the replay
-            out["evicted"] = (seen - h) * p
-            if history.any_declined or other > seen:
-                rest = np.ones(n - seen, dtype=bool)  # still to be explained: pages seen..n-1
-                if history.any_declined:
-                    was_declined = history.declined_mask(keys)[seen:]
-                    out["declined"] = int(was_declined.sum()) * p
-                    rest &= ~was_declined
+        partial = num_tokens - n * p
+        evicted = was_declined = others = first = 0
+        history = self._history
+        namespace = request.namespace
+        if h >= n:
+            if n:  # every full page hit: they were cached, which the history missed if the cache was
+                keys = self._free_keys(request)  # filled before the replay
+                history.add_cached(keys, history.ever_cached(keys, namespace), n, namespace)
+        else:
+            keys = self._free_keys(request)
+            covered = history.ever_cached(keys, namespace)
+            seen = covered if covered > h else h  # hit pages were cached, unless the cache was filled before
+            evicted = (seen - h) * p
+            first = n - seen  # pages seen..n-1 are still to be explained
+            if history.declines(namespace):
+                mask = history.declined_mask(keys, namespace)[seen:]
+                was_declined = int(mask.sum())
+                first -= was_declined
                 if other > seen:
-                    out["other_namespace"] = int(rest[: other - seen].sum()) * p
-                    rest[: other - seen] = False
-                out["first_sight"] = int(rest.sum()) * p
-            else:
-                out["first_sight"] = (n - seen) * p
-            history.add_cached(keys, covered, min(h + admitted, n))
+                    others = other - seen - int(mask[: other - seen].sum())
+            elif other > seen:
+                others = other - seen
+            first = (first - others) * p
+            was_declined *= p
+            others *= p
+            history.add_cached(keys, covered, min(h + admitted, n), namespace)
             if declined:
-                history.add_declined(keys, n - declined)
-        totals = self.miss_tokens_by_reason
-        for reason, count in out.items():
-            if count:
-                totals[reason] += count
-        return out
+                history.add_declined(keys, n - declined, namespace)
+            totals = self.miss_tokens_by_reason
+            totals["first_sight"] += first
+            totals["evicted"] += evicted
+            totals["declined"] += was_declined
+            totals["other_namespace"] += others
+        if partial:
+            self.miss_tokens_by_reason["partial_page"] += partial
+        return first, evicted, partial, was_declined, others
