@@ -25,13 +25,13 @@ test: $(STAMP)
 test-sglang: $(STAMP)
 	bash bench/peers/setup.sh
 	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
-	bench/peers/.venv/bin/python -m pytest -q tests/test_adapters_sglang.py tests/test_sglang_live.py tests/test_kit_sglang_live.py
+	bench/peers/.venv/bin/python -m pytest -q tests/adapters/test_adapters_sglang.py tests/adapters/test_sglang_live.py tests/kit/test_kit_sglang_live.py
 
 ## make test-vllm: radixkv's hashes and ZMQ events checked against a real vLLM's (the same bench/peers/.venv)
 test-vllm: $(STAMP)
 	bash bench/peers/setup.sh
 	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
-	bench/peers/.venv/bin/python -m pytest -q tests/test_vllm_hashing.py tests/test_vllm_live.py tests/test_kit_vllm_live.py
+	bench/peers/.venv/bin/python -m pytest -q tests/events/test_vllm_hashing.py tests/events/test_vllm_live.py tests/kit/test_kit_vllm_live.py
 
 ## make bench: micro-benchmarks (pytest-benchmark)
 bench: $(STAMP)

@@ -2,7 +2,7 @@
 
 For measurement only: it must be given the request sequence in advance
 (:meth:`Belady.prepare`; ``radixkv replay --policy belady`` and
-:func:`radixkv.replay.replay` do this pre-pass automatically). It is the
+:func:`radixkv.analysis.replay.replay` do this pre-pass automatically). It is the
 ceiling online policies are measured against. Source: Belady, "A study of
 replacement algorithms for a virtual-storage computer" (1966); with bypass,
 the page-level optimum for unit-size pages.
@@ -37,7 +37,7 @@ import numpy as np
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_DTYPE
 from radixkv.page_keys import PrefixKeys
-from radixkv.traces import Request
+from radixkv.workload.traces import Request
 from radixkv.tree import Node
 
 from .base import EvictionPolicy

@@ -3,7 +3,7 @@
 Serving engines embed :class:`PrefixCache` to reuse the KV of shared prompt
 prefixes across requests: a radix tree over page-aligned token prefixes, a
 paged block pool, pluggable eviction (:mod:`radixkv.policies`), and trace
-replay (:mod:`radixkv.replay`, the ``radixkv`` command). Scripts replay,
+replay (:mod:`radixkv.analysis.replay`, the ``radixkv`` command). Scripts replay,
 sweep and curve traces through :mod:`radixkv.api`.
 """
 

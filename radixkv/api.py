@@ -9,7 +9,7 @@ functions, and every one takes the same capacity units (:mod:`radixkv.capacity`)
 
 A trace is a path (plain, ``.gz``, ``.zst`` or ``"-"`` for standard input; token
 JSONL, Mooncake JSONL or ShareGPT, detected) or any iterable of
-:class:`~radixkv.traces.Request`. Results are frozen dataclasses; a
+:class:`~radixkv.workload.traces.Request`. Results are frozen dataclasses; a
 :class:`Records` list of them turns into plain dicts with ``to_records()`` and
 into a pandas DataFrame with ``to_dataframe()`` (pandas is never required
 otherwise). This module also re-exports the cost model and the trace readers.
@@ -25,12 +25,12 @@ from .capacity import ModelLike, describe, parse_bytes, parse_capacities, parse_
 from .costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, HARDWARE, MODELS, CostModel, HardwareSpec, ModelSpec,
                     get_hardware, get_model, kv_bytes_per_page, kv_bytes_per_token, prefill_flops)
 from .errors import ArgumentValueError
-from .replay import ReplayResult
-from .replay import replay as replay_requests
-from .sharegpt import load_sharegpt
-from .sources import TRACE_FORMATS, Trace, detect_format, open_trace
-from .stats import RequestRecord
-from .traces import Request, TraceReader
+from .analysis.replay import ReplayResult
+from .analysis.replay import replay as replay_requests
+from .workload.sharegpt import load_sharegpt
+from .workload.sources import TRACE_FORMATS, Trace, detect_format, open_trace
+from .analysis.stats import RequestRecord
+from .workload.traces import Request, TraceReader
 
 Hardware = HardwareSpec
 """The accelerator spec (:class:`radixkv.costs.HardwareSpec`)."""
@@ -94,7 +94,7 @@ def distinct_pages(trace: TraceLike, page_size: int = 16, *, format: Optional[st
 
 
 def _distinct(requests, page_size: int) -> int:
-    from .sweep import distinct_pages as count
+    from .analysis.sweep import distinct_pages as count
 
     return count(requests, page_size, mooncake=_is_mooncake(requests))
 
@@ -109,7 +109,7 @@ def replay(trace: TraceLike, *, policy: str = "lru", num_blocks: object = None, 
     ``kv_cache_memory`` (bytes or ``"40GiB"``, through ``model``'s KV bytes per page); see
     :func:`radixkv.capacity.resolve_blocks`. Cost: one pass over the trace (two for Belady).
     For tiers, records or events, build the cache yourself and call
-    :func:`radixkv.replay.replay` (``replay_requests`` here).
+    :func:`radixkv.analysis.replay.replay` (``replay_requests`` here).
     """
     blocks = resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens,
                             kv_cache_memory=kv_cache_memory, page_size=page_size, model=model)
@@ -123,14 +123,14 @@ def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequ
           format: Optional[str] = None, limit: Optional[int] = None, miss_reasons: bool = True,
           processes: int = 1) -> "Records":
     """One replay per (policy, capacity), policies outermost; a :class:`Records` of
-    :class:`~radixkv.replay.ReplayResult`.
+    :class:`~radixkv.analysis.replay.ReplayResult`.
 
     ``capacities`` items are blocks (``1000``, ``"10k"``), tokens (``"3Mtok"``), bytes
     (``"40GiB"``) or shares of the trace's distinct pages (``"25%"``), as a list or a
     comma-separated string. ``processes > 1`` replays a trace *path* in worker processes
     (the numbers do not depend on it).
     """
-    from .sweep import SweepJob, parse_policies, run_sweep
+    from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
     names = parse_policies(",".join(policies) if not isinstance(policies, str) else policies)
     requests = _trace(trace, format, limit)
@@ -149,9 +149,9 @@ def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequ
 
 def curve(trace: TraceLike, capacities: Union[str, Sequence[object]], *, page_size: int = 16,
           model: ModelLike = DEFAULT_MODEL, format: Optional[str] = None, limit: Optional[int] = None) -> "Records":
-    """LRU's hit tokens at every capacity from one pass (:func:`radixkv.sweep.trace_curve`), equal to
+    """LRU's hit tokens at every capacity from one pass (:func:`radixkv.analysis.sweep.trace_curve`), equal to
     an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`."""
-    from .sweep import trace_curve
+    from .analysis.sweep import trace_curve
 
     requests = _trace(trace, format, limit)
     caps = parse_capacities(capacities, page_size=page_size, model=model,

@@ -265,7 +265,7 @@ class PrefixCache:
         self._expiry_seq = itertools.count()
         self._detached: dict = {}  # aborted node -> None while another holder still protects it
         self._detached_blocks = 0
-        self._page_index = None  # optional page-identity index (radixkv.stats.PageIndex)
+        self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.attach(self)
         # Eviction hooks the policy leaves at the base class's no-op are not called at all.
@@ -867,7 +867,7 @@ class PrefixCache:
     def attach_page_index(self, index: Optional[Any]) -> Optional[Any]:
         """Attach (or, with ``None``, detach) a page observer; return the one attached before.
 
-        The observer (:class:`radixkv.stats.PageIndex`, which replay's miss reasons
+        The observer (:class:`radixkv.analysis.stats.PageIndex`, which replay's miss reasons
         attach) gets ``stored(leaf)`` for every node of newly cached pages,
         ``removed(blocks)`` before cached blocks leave, and ``cleared()`` on
         :meth:`reset`. None is attached by default, and then it costs one

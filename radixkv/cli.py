@@ -21,10 +21,10 @@ from .capacity import describe, parse_capacity, resolve_blocks
 from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .errors import ArgumentValueError, RadixKVError
 from .keys import check_positive_int
-from .output import OUTPUT_FORMATS, pick_columns, render, to_json
-from .replay import ReplayResult, replay
-from .sources import TRACE_FORMATS, open_trace
-from .stats import MISS_REASONS
+from .analysis.output import OUTPUT_FORMATS, pick_columns, render, to_json
+from .analysis.replay import ReplayResult, replay
+from .workload.sources import TRACE_FORMATS, open_trace
+from .analysis.stats import MISS_REASONS
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""
@@ -397,8 +397,8 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     """Replay a generated mixed workload (chat, RAG, agents, shared prompts, scans) through every
     policy at five capacities, print the sweep table and plot hit rate against capacity (Belady
     is the ceiling). Needs no trace file and no server."""
-    from .generators import generate
-    from .sweep import trace_curve
+    from .workload.generators import generate
+    from .analysis.sweep import trace_curve
 
     requests = list(generate("mix", seed, num_requests))
     prompt_tokens = sum(len(r.tokens) for r in requests)
@@ -419,7 +419,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     os.makedirs(out_dir, exist_ok=True)
     write_jsonl(rows, os.path.join(out_dir, "demo.jsonl"))
     try:
-        from .plot import plot_results
+        from .analysis.plot import plot_results
 
         title = (f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} "
                  f"\u00b7 {DEFAULT_MODEL}")
@@ -460,7 +460,7 @@ CAPACITIES_HELP = ("Comma-separated capacities: blocks (1000, 10k), tokens (3Mto
 def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> list:
     """``--capacities`` as blocks; a share reads the trace once for its distinct pages."""
     from .capacity import parse_capacities
-    from .sweep import distinct_pages
+    from .analysis.sweep import distinct_pages
 
     pages = functools.lru_cache(maxsize=None)(
         lambda: distinct_pages(trace, page_size, mooncake=trace.format == "mooncake"))
@@ -488,7 +488,7 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
               output, quiet, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
-    from .sweep import SweepJob, parse_policies, run_sweep
+    from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     names = named("--policies", parse_policies, policy_list)
@@ -524,7 +524,7 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
 
     --format json prints one object: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}."""
     from .costs import get_model
-    from .sweep import trace_curve
+    from .analysis.sweep import trace_curve
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     get_model(model)
@@ -561,7 +561,7 @@ CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", 
 def plot_cmd(results, output, title) -> None:
     """Plot RESULTS (JSONL of `radixkv sweep -o`, or `radixkv curve --json` output): token hit rate
     and prefill saved against capacity, one line per policy, Belady dashed as the ceiling."""
-    from .plot import plot_results, read_results
+    from .analysis.plot import plot_results, read_results
 
     rows = read_results(results)
     try:
@@ -582,10 +582,10 @@ def plot_cmd(results, output, title) -> None:
 @user_errors
 def gen_cmd(kind, seed, num_requests, output, params) -> None:
     """Write a seeded synthetic workload of KIND (system_prompt, multi_turn, rag, agent, long_doc_qa,
-    scan, mix) as token JSONL. Parameters and their meaning: `pydoc radixkv.generators`."""
+    scan, mix) as token JSONL. Parameters and their meaning: `pydoc radixkv.workload.generators`."""
     import os
 
-    from .generators import generate, write_token_jsonl
+    from .workload.generators import generate, write_token_jsonl
 
     kwargs = {}
     for item in params:

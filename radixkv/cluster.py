@@ -44,9 +44,9 @@ from . import policies as _policies
 from .cache import Admission
 from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
-from .traces import Request
-from .replay import pages_loaded
-from .stats import ReplayStats
+from .workload.traces import Request
+from .analysis.replay import pages_loaded
+from .analysis.stats import ReplayStats
 from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.host import HostTier
 from .tiers.lending import BorrowedTier
@@ -366,7 +366,7 @@ class ClusterResult:
     Attributes:
         routing: routing policy; borrowing: whether instances lend memory.
         instances: instance count; num_blocks: HBM blocks per instance.
-        requests, prompt_tokens, hit_tokens, token_hit_rate: as :class:`~radixkv.replay.ReplayResult`.
+        requests, prompt_tokens, hit_tokens, token_hit_rate: as :class:`~radixkv.analysis.replay.ReplayResult`.
         hit_tokens_by_tier: hits per tier, summed over instances.
         requests_by_instance: requests each instance served.
         blocks_lent / bytes_lent: blocks lent over the replay (counted per loan) and their bytes.
@@ -377,7 +377,7 @@ class ClusterResult:
         borrowed_hit_tokens: tokens served from borrowed memory; borrowed_transfer_seconds: their
             network transfer time (the cost model's ``borrowed`` path), charged per request.
         ttft_saving_seconds: prefill time the hits saved, less every lower-tier load (borrowed included),
-            as :class:`~radixkv.replay.ReplayResult`.
+            as :class:`~radixkv.analysis.replay.ReplayResult`.
         manager_seconds / manager_us_per_request: wall time in the global manager, total and per request.
         wall_seconds: replay time.
     """
@@ -539,7 +539,7 @@ class Cluster:
 
         An offline policy first gets each instance's share of ``requests`` (the
         ones round robin will send it, in order), as
-        :func:`~radixkv.replay.replay` gives one cache the whole trace; with one
+        :func:`~radixkv.analysis.replay.replay` gives one cache the whole trace; with one
         instance the result equals that replay's. ``requests`` is then read into
         a list once.
         """

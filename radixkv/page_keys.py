@@ -9,11 +9,11 @@ pages are the same takes its identities from here:
   (XOR a salt of the namespace), computed for a whole request, or a whole batch
   of requests, in a fixed number of vectorized numpy calls. Two different
   prefixes share a key with probability about ``2**-64`` per pair. The miss
-  reasons (:mod:`radixkv.stats`) use one lane; Belady's pre-pass
+  reasons (:mod:`radixkv.analysis.stats`) use one lane; Belady's pre-pass
   (:mod:`policies.belady`) two lanes of different seeds, a 128-bit identity.
 * :class:`PageInterner`: exact, dense ids (0, 1, 2, ...) from chained
   ``(parent id, page bytes)`` lookups, for the LRU curve's stack
-  (:mod:`radixkv.curve`), whose arrays are indexed by page id. No collisions, at
+  (:mod:`radixkv.analysis.curve`), whose arrays are indexed by page id. No collisions, at
   one dict lookup and ``page_size * 4`` bytes per distinct page.
 """
 

@@ -12,7 +12,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The live SGLang tests need sglang (and torch), which the suite does not install:
 # `make test-sglang` runs them in the venv bench/peers/setup.sh builds. Not collected
 # here rather than skipped, so the main run reports no skips.
-collect_ignore = [] if importlib.util.find_spec("sglang") else ["test_sglang_live.py", "test_kit_sglang_live.py"]
+collect_ignore = [] if importlib.util.find_spec("sglang") else ["adapters/test_sglang_live.py", "kit/test_kit_sglang_live.py"]
 # The same for vLLM (`make test-vllm`).
 if not importlib.util.find_spec("vllm"):
-    collect_ignore += ["test_vllm_live.py", "test_kit_vllm_live.py"]
+    collect_ignore += ["events/test_vllm_live.py", "kit/test_kit_vllm_live.py"]

@@ -83,9 +83,9 @@ def peak_rss_mib() -> float:
 
 
 def machine() -> dict:
-    """radixkv's bench machine facts (bench/perf_trace.py) plus the torch build and threads."""
+    """radixkv's bench machine facts (bench/machine_facts.py) plus the torch build and threads."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from perf_trace import machine as bench_machine
+    from machine_facts import machine as bench_machine
 
     out = {**bench_machine(), "torch": _version("torch")}
     if "torch" in sys.modules:
@@ -143,7 +143,7 @@ class HeapProbe:
     """tracemalloc Python-heap bytes attributed to one package's source files.
 
     ``start()`` after the cache object exists (its fixed per-block arrays are
-    excluded, like radixkv's bench/memory.py excludes its pool arrays);
+    excluded, like radixkv's bench/perf/memory.py excludes its pool arrays);
     ``stop()`` at the end of the replay. Only the innermost frame is recorded, so
     an object is charged to the package whose code allocated it. Memory that
     torch allocates for tensor storage is not on the Python heap and is not

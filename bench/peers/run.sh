@@ -2,7 +2,7 @@
 # Build the peers' venv if needed, then replay through SGLang and vLLM one after the other.
 #
 #   bash bench/peers/run.sh                 # quick check: first 500 conversation requests, 187488 pages
-#   bash bench/peers/run.sh --matrix        # both traces x {187488, 31248} pages, appended to results.jsonl
+#   bash bench/peers/run.sh --matrix        # both traces x {187488, 31248} pages, appended to bench/results/peers.jsonl
 #   bash bench/peers/run.sh ARGS...         # ARGS passed to both drivers (see drive_*.py --help)
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,7 +18,7 @@ run_both() {
 
 if [[ "${1:-}" == "--matrix" ]]; then
     shift
-    OUT="${OUT:-$HERE/results.jsonl}"
+    OUT="${OUT:-$HERE/../results/peers.jsonl}"
     for trace in mooncake_conversation mooncake_synthetic; do
         for blocks in 187488 31248; do
             run_both --trace "$TRACES/$trace.jsonl" --num-blocks "$blocks" --out "$OUT" "$@"

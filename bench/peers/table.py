@@ -1,6 +1,6 @@
-"""Render bench/peers/results.jsonl as Markdown tables (the ones in README.md).
+"""Render bench/results/peers.jsonl as Markdown tables (the ones in README.md).
 
-    python3 bench/peers/table.py [bench/peers/results.jsonl] [--tag full]
+    python3 bench/peers/table.py [bench/results/peers.jsonl] [--tag full]
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _ver(r: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("path", nargs="?", default=os.path.join(HERE, "results.jsonl"))
+    p.add_argument("path", nargs="?", default=os.path.join(os.path.dirname(HERE), "results", "peers.jsonl"))
     p.add_argument("--tag", default=None, help="only rows with this tag")
     args = p.parse_args()
     rows = [r for r in load(args.path) if args.tag is None or r.get("tag") == args.tag]

@@ -1,6 +1,6 @@
 """A deliberately plain block-level LRU replay, kept as the test oracle.
 
-The engine and :mod:`radixkv.curve` are fast and clever; this module is slow
+The engine and :mod:`radixkv.analysis.curve` are fast and clever; this module is slow
 and obvious, so tests can compare them against it. It shares no code with
 either: pages are a dict from page identity to ``(last access, depth)`` and
 victims come off a sorted list.

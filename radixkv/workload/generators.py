@@ -1,0 +1,617 @@
+"""Seeded synthetic workloads, one generator per prefix-sharing pattern.
+
+Every generator is a function ``(seed, num_requests, **params) -> Iterator[Request]``
+registered in :data:`GENERATORS`. The output is a pure function of the
+arguments: token ids and times are drawn from ``np.random.default_rng(seed)``
+(and, for corpus documents, from ``default_rng([seed, stream, doc])`` so a
+document's tokens do not depend on which requests asked for it first).
+Timestamps are seconds, start near 0 and never decrease. Parameters are
+checked when the function is called (``ValueError`` / ``TypeError`` naming
+the parameter), tokens are produced lazily as the iterator is consumed.
+
+=============  =================================================================
+kind           what is shared
+=============  =================================================================
+system_prompt  a few system prompts with few-shot examples, Zipf-popular
+multi_turn     each chat turn's prompt extends the session's previous prompt
+rag            a system prompt, then k retrieved documents: shared only while
+               the retrieval order matches
+agent          agent loops whose context grows by an action + tool output a step
+long_doc_qa    a few long documents, many questions each
+scan           nothing: one-off prompts that only pollute a cache
+mix            a seeded mixture of the above, overlapping in time
+=============  =================================================================
+
+Conventions shared by all generators:
+
+* a ``*_tokens`` parameter is a **mean** length: each draw is uniform on
+  ``[ceil(m/2), m + floor(m/2)]`` (0 when ``m`` is 0);
+* ``output_tokens`` (or ``answer_tokens`` / ``action_tokens``) is the mean of
+  :attr:`Request.output_length`;
+* ``zipf_alpha`` weights item ``i`` (0-based) by ``1 / (i+1)**alpha``; 0 is uniform;
+* ``request_rate`` is requests per second of a Poisson arrival process;
+* ``vocab_size`` bounds the ids, which fall in ``[0, vocab_size)``.
+
+With default parameters 1000 requests of any kind total at most about
+two million tokens and generate in well under a second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import inspect
+import itertools
+import json
+import math
+import os
+from numbers import Real
+from typing import IO, Callable, Iterable, Iterator, Mapping, Optional, Union
+
+import numpy as np
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from ..keys import TOKEN_DTYPE, check_int
+from .tokenizer import DEFAULT_VOCAB_SIZE
+from .traces import Request
+
+GeneratorFn = Callable[..., Iterator[Request]]
+
+# Independent random streams derived from the seed, so that adding draws to
+# one part of a generator does not shift another's.
+_DOC_STREAM = 1
+_MIX_STREAM = 2
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _real(name: str, value: object, minimum: float, *, above: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ArgumentTypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < minimum or (above and value == minimum):
+        bound = ">" if above else ">="
+        raise ArgumentValueError(f"{name} must be finite and {bound} {minimum:g}, got {value!r}")
+    return value
+
+
+def _vocab(value: object) -> int:
+    value = check_int(value, "vocab_size", minimum=1)
+    if value > 2**32:
+        raise ArgumentValueError(f"vocab_size must be <= 2**32, got {value!r}")
+    return value
+
+
+def _common(seed: object, num_requests: object) -> tuple[int, int]:
+    return check_int(seed, "seed", minimum=0), check_int(num_requests, "num_requests", minimum=0)
+
+
+# ------------------------------------------------------------------- drawing
+
+
+def _length(rng: np.random.Generator, mean: int) -> int:
+    """A length uniform on [ceil(mean/2), mean + floor(mean/2)]."""
+    if mean == 0:
+        return 0
+    return int(rng.integers((mean + 1) // 2, mean + mean // 2 + 1))
+
+
+def _tokens(rng: np.random.Generator, mean: int, vocab_size: int) -> np.ndarray:
+    """Random token ids, a length drawn by :func:`_length`."""
+    return rng.integers(0, vocab_size, size=_length(rng, mean), dtype=TOKEN_DTYPE)
+
+
+def _request(parts: Iterable[np.ndarray], timestamp: float, output_length: int) -> Request:
+    tokens = np.concatenate(list(parts))
+    tokens.flags.writeable = False  # prompts can share segments; keep them immutable
+    return Request(tokens, float(timestamp), int(output_length))
+
+
+class _Zipf:
+    """Draws ``i`` in ``[0, n)`` with probability proportional to ``1 / (i+1)**alpha``; O(log n) a draw."""
+
+    __slots__ = ("_cdf", "probs")
+
+    def __init__(self, n: int, alpha: float) -> None:
+        weights = np.arange(1, n + 1, dtype=np.float64) ** -alpha
+        self.probs = weights / weights.sum()
+        self._cdf = np.cumsum(self.probs)
+
+    def draw(self, rng: np.random.Generator) -> int:
+        i = int(np.searchsorted(self._cdf, rng.random() * self._cdf[-1], side="right"))
+        return min(i, len(self._cdf) - 1)
+
+    def draw_distinct(self, rng: np.random.Generator, k: int) -> list[int]:
+        """``k`` distinct items in draw order (weighted sampling without replacement)."""
+        picked: list[int] = []
+        for _ in range(64 * k):  # rejection is fast unless k nears the support
+            i = self.draw(rng)
+            if i not in picked:
+                picked.append(i)
+                if len(picked) == k:
+                    return picked
+        n = len(self.probs)
+        return [int(i) for i in rng.choice(n, size=k, replace=False, p=self.probs)]
+
+
+class _Corpus:
+    """Documents made on first use from their own random stream, so ``doc(i)`` is the same whenever asked."""
+
+    __slots__ = ("_seed", "_mean", "_vocab_size", "_docs")
+
+    def __init__(self, seed: int, mean_tokens: int, vocab_size: int) -> None:
+        self._seed, self._mean, self._vocab_size = seed, mean_tokens, vocab_size
+        self._docs: dict[int, np.ndarray] = {}
+
+    def doc(self, i: int) -> np.ndarray:
+        doc = self._docs.get(i)
+        if doc is None:
+            rng = np.random.default_rng([self._seed, _DOC_STREAM, i])
+            doc = self._docs[i] = _tokens(rng, self._mean, self._vocab_size)
+        return doc
+
+
+def _poisson(rng: np.random.Generator, request_rate: float) -> Iterator[float]:
+    """Arrival times of a Poisson process: 0, then exponential gaps of mean 1/rate."""
+    t = 0.0
+    while True:
+        yield t
+        t += rng.exponential(1.0 / request_rate)
+
+
+# ---------------------------------------------------------------- generators
+
+
+def system_prompt(
+    seed: int,
+    num_requests: int,
+    *,
+    num_prompts: int = 8,
+    system_tokens: int = 512,
+    num_shots: int = 4,
+    shot_tokens: int = 128,
+    question_tokens: int = 64,
+    output_tokens: int = 128,
+    zipf_alpha: float = 1.0,
+    request_rate: float = 10.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Shared system prompts with few-shot examples, then a unique question.
+
+    Each of ``num_prompts`` applications has a fixed prefix: a system prompt
+    of ``system_tokens`` plus ``num_shots`` examples of ``shot_tokens``. A
+    request picks an application by Zipf popularity (``zipf_alpha``) and
+    appends a fresh question of ``question_tokens``. Arrivals are Poisson at
+    ``request_rate``.
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    num_shots = check_int(num_shots, "num_shots", minimum=0)
+    shot_tokens = check_int(shot_tokens, "shot_tokens", minimum=0)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+
+    def run() -> Iterator[Request]:
+        rng = np.random.default_rng(seed)
+        prefixes = [
+            np.concatenate(
+                [_tokens(rng, system_tokens, vocab_size)]
+                + [_tokens(rng, shot_tokens, vocab_size) for _ in range(num_shots)]
+            )
+            for _ in range(num_prompts)
+        ]
+        popularity = _Zipf(num_prompts, zipf_alpha)
+        for _, t in zip(range(num_requests), _poisson(rng, request_rate)):
+            prefix = prefixes[popularity.draw(rng)]
+            question = _tokens(rng, question_tokens, vocab_size)
+            yield _request((prefix, question), t, _length(rng, output_tokens))
+
+    return run()
+
+
+def _sessions(
+    seed: int,
+    num_requests: int,
+    *,
+    num_sessions: int,
+    system_tokens: int,
+    first_tokens: int,
+    step_tokens: int,
+    output_tokens: int,
+    mean_steps: float,
+    max_steps: int,
+    mean_gap: float,
+    vocab_size: int,
+) -> Iterator[Request]:
+    """``num_sessions`` concurrent sessions; step k's prompt = step k-1's prompt + its output + new input.
+
+    Every session opens with one shared system prompt (``system_tokens``, drawn
+    first) and ``first_tokens`` of its own; steps add ``step_tokens``. A session lasts ``min(Geometric(1/mean_steps), max_steps)`` steps with
+    exponential gaps of mean ``mean_gap`` between them; when one ends a new
+    one starts an exponential gap later. The first sessions start uniformly
+    in ``[0, mean_gap)``. Requests come out in time order (ties: oldest session first).
+    """
+    rng = np.random.default_rng(seed)
+    system = _tokens(rng, system_tokens, vocab_size)
+    order = itertools.count()
+    pending: list[tuple[float, int, int, np.ndarray]] = []  # (time, session, steps left, prompt)
+
+    def open_session(t: float) -> None:
+        steps = min(int(rng.geometric(1.0 / mean_steps)), max_steps)
+        prompt = np.concatenate((system, _tokens(rng, first_tokens, vocab_size)))
+        heapq.heappush(pending, (t, next(order), steps, prompt))
+
+    for _ in range(num_sessions):
+        open_session(rng.uniform(0.0, mean_gap))
+    for _ in range(num_requests):
+        t, session, steps, prompt = heapq.heappop(pending)
+        output_length = _length(rng, output_tokens)
+        request = _request((prompt,), t, output_length)
+        yield request
+        t_next = t + rng.exponential(mean_gap) if mean_gap > 0 else t
+        if steps > 1:
+            output = rng.integers(0, vocab_size, size=output_length, dtype=TOKEN_DTYPE)
+            step = _tokens(rng, step_tokens, vocab_size)
+            heapq.heappush(pending, (t_next, session, steps - 1, np.concatenate((request.tokens, output, step))))
+        else:
+            open_session(t_next)
+
+
+def multi_turn(
+    seed: int,
+    num_requests: int,
+    *,
+    num_sessions: int = 32,
+    system_tokens: int = 128,
+    message_tokens: int = 64,
+    answer_tokens: int = 192,
+    mean_turns: float = 4.0,
+    max_turns: int = 32,
+    think_time: float = 20.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Concurrent chat sessions; each turn's prompt is the whole conversation so far.
+
+    ``num_sessions`` sessions are open at any time (a finished one is
+    replaced). Every session starts with one system prompt of
+    ``system_tokens`` shared by all sessions, then a user message of
+    ``message_tokens``. Turn k's prompt is turn k-1's prompt + its answer
+    (exactly ``output_length`` tokens, mean ``answer_tokens``) + a new
+    message. A session has Geometric(1/``mean_turns``) turns, capped at
+    ``max_turns``, separated by exponential think times of mean
+    ``think_time`` seconds; sessions interleave in time, so the request rate
+    is about ``num_sessions / think_time``.
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    num_sessions = check_int(num_sessions, "num_sessions", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    message_tokens = check_int(message_tokens, "message_tokens", minimum=1)
+    answer_tokens = check_int(answer_tokens, "answer_tokens", minimum=0)
+    mean_turns = _real("mean_turns", mean_turns, 1.0)
+    max_turns = check_int(max_turns, "max_turns", minimum=1)
+    think_time = _real("think_time", think_time, 0.0)
+    vocab_size = _vocab(vocab_size)
+
+    return _sessions(seed, num_requests, num_sessions=num_sessions, system_tokens=system_tokens,
+                     first_tokens=message_tokens, step_tokens=message_tokens, output_tokens=answer_tokens,
+                     mean_steps=mean_turns, max_steps=max_turns, mean_gap=think_time, vocab_size=vocab_size)
+
+
+def rag(
+    seed: int,
+    num_requests: int,
+    *,
+    num_docs: int = 500,
+    doc_tokens: int = 384,
+    docs_per_request: int = 4,
+    system_tokens: int = 128,
+    question_tokens: int = 48,
+    output_tokens: int = 128,
+    zipf_alpha: float = 1.0,
+    request_rate: float = 10.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Retrieval-augmented prompts: system prompt + k retrieved documents + question.
+
+    A corpus of ``num_docs`` documents of ``doc_tokens`` each has Zipf
+    popularity (``zipf_alpha``). A request retrieves ``docs_per_request``
+    distinct documents, weighted by popularity without replacement, and
+    places them in draw order: popular documents tend to come first, but the
+    same set arrives in varying orders, so two requests share a prefix beyond
+    the common system prompt (``system_tokens``) only while their orders
+    agree. A fresh question of ``question_tokens`` ends the prompt. Arrivals
+    are Poisson at ``request_rate``.
+
+    Cost: O(total tokens); documents are made on first retrieval.
+    """
+    seed, num_requests = _common(seed, num_requests)
+    num_docs = check_int(num_docs, "num_docs", minimum=1)
+    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
+    docs_per_request = check_int(docs_per_request, "docs_per_request", minimum=0)
+    if docs_per_request > num_docs:
+        raise ArgumentValueError(f"docs_per_request must be <= num_docs ({num_docs}), got {docs_per_request!r}")
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+
+    def run() -> Iterator[Request]:
+        rng = np.random.default_rng(seed)
+        corpus = _Corpus(seed, doc_tokens, vocab_size)
+        popularity = _Zipf(num_docs, zipf_alpha)
+        system = _tokens(rng, system_tokens, vocab_size)
+        for _, t in zip(range(num_requests), _poisson(rng, request_rate)):
+            docs = [corpus.doc(i) for i in popularity.draw_distinct(rng, docs_per_request)]
+            question = _tokens(rng, question_tokens, vocab_size)
+            yield _request([system, *docs, question], t, _length(rng, output_tokens))
+
+    return run()
+
+
+def agent(
+    seed: int,
+    num_requests: int,
+    *,
+    num_agents: int = 16,
+    system_tokens: int = 512,
+    task_tokens: int = 128,
+    action_tokens: int = 64,
+    tool_tokens: int = 192,
+    mean_steps: float = 6.0,
+    max_steps: int = 32,
+    step_time: float = 2.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Agent loops whose context grows by an action and a tool output each step.
+
+    ``num_agents`` loops run at once (a finished one is replaced). A loop
+    starts from a system prompt with the tool descriptions (``system_tokens``,
+    shared by all loops) and a task of ``task_tokens``. Each step the model
+    emits an action (``output_length``, mean ``action_tokens``); the next
+    prompt is the previous one + that action + the tool's output
+    (``tool_tokens``). A loop runs Geometric(1/``mean_steps``) steps, capped
+    at ``max_steps``, with exponential gaps of mean ``step_time`` seconds
+    (decode + tool latency).
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    num_agents = check_int(num_agents, "num_agents", minimum=1)
+    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
+    task_tokens = check_int(task_tokens, "task_tokens", minimum=1)
+    action_tokens = check_int(action_tokens, "action_tokens", minimum=0)
+    tool_tokens = check_int(tool_tokens, "tool_tokens", minimum=0)
+    mean_steps = _real("mean_steps", mean_steps, 1.0)
+    max_steps = check_int(max_steps, "max_steps", minimum=1)
+    step_time = _real("step_time", step_time, 0.0)
+    vocab_size = _vocab(vocab_size)
+
+    return _sessions(seed, num_requests, num_sessions=num_agents, system_tokens=system_tokens,
+                     first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
+                     mean_steps=mean_steps, max_steps=max_steps, mean_gap=step_time, vocab_size=vocab_size)
+
+
+def long_doc_qa(
+    seed: int,
+    num_requests: int,
+    *,
+    num_docs: int = 4,
+    doc_tokens: int = 2000,
+    question_tokens: int = 32,
+    output_tokens: int = 128,
+    zipf_alpha: float = 0.0,
+    request_rate: float = 2.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Many questions over a few long documents: prompt = document + question.
+
+    ``num_docs`` documents of ``doc_tokens``; each request picks one by Zipf
+    popularity (``zipf_alpha``, default uniform) and appends a fresh question
+    of ``question_tokens``. Arrivals are Poisson at ``request_rate``. The
+    default ``doc_tokens`` is modest to keep 1000 requests near two million
+    tokens; raise it for long-context studies.
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    num_docs = check_int(num_docs, "num_docs", minimum=1)
+    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
+    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+
+    def run() -> Iterator[Request]:
+        rng = np.random.default_rng(seed)
+        corpus = _Corpus(seed, doc_tokens, vocab_size)
+        popularity = _Zipf(num_docs, zipf_alpha)
+        for _, t in zip(range(num_requests), _poisson(rng, request_rate)):
+            doc = corpus.doc(popularity.draw(rng))
+            question = _tokens(rng, question_tokens, vocab_size)
+            yield _request((doc, question), t, _length(rng, output_tokens))
+
+    return run()
+
+
+def scan(
+    seed: int,
+    num_requests: int,
+    *,
+    prompt_tokens: int = 512,
+    output_tokens: int = 128,
+    request_rate: float = 10.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """One-off prompts that share nothing: the cache-pollution case.
+
+    Each prompt is ``prompt_tokens`` fresh random ids (two prompts agree on
+    their first 16 ids with probability ``vocab_size**-16``). Arrivals are
+    Poisson at ``request_rate``.
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    prompt_tokens = check_int(prompt_tokens, "prompt_tokens", minimum=1)
+    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+
+    def run() -> Iterator[Request]:
+        rng = np.random.default_rng(seed)
+        for _, t in zip(range(num_requests), _poisson(rng, request_rate)):
+            prompt = _tokens(rng, prompt_tokens, vocab_size)
+            yield _request((prompt,), t, _length(rng, output_tokens))
+
+    return run()
+
+
+MIX_KINDS = ("system_prompt", "multi_turn", "rag", "agent", "long_doc_qa", "scan")
+"""Kinds :func:`mix` draws from, in the order that fixes their derived seeds."""
+
+
+def mix(
+    seed: int,
+    num_requests: int,
+    *,
+    weights: Optional[Mapping[str, float]] = None,
+    kind_params: Optional[Mapping[str, Mapping[str, object]]] = None,
+    request_rate: float = 10.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """A seeded mixture of the other kinds, overlapping in time.
+
+    The count of each kind is Multinomial(``num_requests``, ``weights``)
+    (``weights``: kind -> non-negative weight, default equal over
+    :data:`MIX_KINDS`). Each kind runs from its own seed derived from
+    ``seed``, with its default parameters updated by ``kind_params[kind]``.
+    Each kind's timeline is then scaled linearly onto ``[0, num_requests /
+    request_rate]`` and the streams are merged by time, so the kinds
+    interleave over the whole trace rather than following one another; order
+    and relative gaps within a kind are kept.
+
+    Cost: O(total tokens), with every kind generated twice (once to find its
+    time span) to stream in O(one request per kind) memory.
+    """
+    seed, num_requests = _common(seed, num_requests)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+    if weights is None:
+        weights = {kind: 1.0 for kind in MIX_KINDS}
+    if not isinstance(weights, Mapping):
+        raise ArgumentTypeError(f"weights must be a mapping of kind to weight, got {weights!r}")
+    kind_params = {} if kind_params is None else kind_params
+    if not isinstance(kind_params, Mapping):
+        raise ArgumentTypeError(f"kind_params must be a mapping of kind to parameters, got {kind_params!r}")
+    for name, mapping in (("weights", weights), ("kind_params", kind_params)):
+        unknown = sorted(set(mapping) - set(MIX_KINDS), key=repr)
+        if unknown:
+            raise ArgumentValueError(f"{name} has unknown kind {unknown[0]!r}; expected some of {', '.join(MIX_KINDS)}")
+    probs = np.array([_real(f"weights[{k!r}]", weights.get(k, 0.0), 0.0) for k in MIX_KINDS])
+    if probs.sum() <= 0:
+        raise ArgumentValueError(f"weights must give some kind a positive weight, got {dict(weights)!r}")
+
+    rng = np.random.default_rng([seed, _MIX_STREAM])
+    counts = rng.multinomial(num_requests, probs / probs.sum())
+    streams: list[Callable[[], Iterator[Request]]] = []
+    for index, (kind, count) in enumerate(zip(MIX_KINDS, counts)):
+        if count == 0:
+            continue
+        kind_seed = int(np.random.SeedSequence([seed, _MIX_STREAM, index]).generate_state(1)[0])
+        params = {"vocab_size": vocab_size, **kind_params.get(kind, {})}
+        GENERATORS[kind](kind_seed, int(count), **params)  # check the parameters now
+        streams.append(lambda g=GENERATORS[kind], s=kind_seed, n=int(count), p=params: g(s, n, **p))
+    duration = num_requests / request_rate
+
+    def rescaled(make: Callable[[], Iterator[Request]]) -> Iterator[Request]:
+        first = last = None
+        for request in make():
+            first = request.timestamp if first is None else first
+            last = request.timestamp
+        scale = duration / (last - first) if last > first else 0.0
+        for request in make():
+            yield dataclasses.replace(request, timestamp=(request.timestamp - first) * scale)
+
+    def run() -> Iterator[Request]:
+        yield from heapq.merge(*(rescaled(make) for make in streams), key=lambda r: r.timestamp)
+
+    return run()
+
+
+GENERATORS: dict[str, GeneratorFn] = {
+    "system_prompt": system_prompt,
+    "multi_turn": multi_turn,
+    "rag": rag,
+    "agent": agent,
+    "long_doc_qa": long_doc_qa,
+    "scan": scan,
+    "mix": mix,
+}
+"""Workload kind -> generator ``(seed, num_requests, **params) -> Iterator[Request]``."""
+
+
+def generate(kind: str, seed: int, num_requests: int, **params: object) -> Iterator[Request]:
+    """Run the generator registered as ``kind``.
+
+    Raises ``ValueError`` listing the kinds on an unknown ``kind``, and
+    listing the accepted parameters on an unknown parameter name (the
+    generator functions themselves raise ``TypeError`` there, as Python does).
+
+    Example:
+        >>> [len(r.tokens) for r in generate("scan", seed=0, num_requests=3, prompt_tokens=8)]
+        [11, 9, 10]
+    """
+    fn = GENERATORS.get(kind) if isinstance(kind, str) else None
+    if fn is None:
+        raise ArgumentValueError(f"unknown workload kind {kind!r}; expected one of: {', '.join(sorted(GENERATORS))}")
+    signature = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
+        accepted = [name for name, p in signature.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        for name in params:
+            if name not in accepted:
+                raise ArgumentValueError(f"{kind} has no parameter {name!r}; accepted: {', '.join(accepted)}")
+    return fn(seed, num_requests, **params)
+
+
+def write_token_jsonl(requests: Iterable[Request], path_or_file: Union[str, os.PathLike, IO[str]]) -> int:
+    """Write requests as token JSONL, one ``{"tokens", "timestamp", "output_length", "namespace"}`` a line.
+
+    ``timestamp`` is omitted when ``None`` and ``namespace`` when ``None``,
+    which is how the token-JSONL loader reads an absent field. Accepts a path
+    (created or truncated, UTF-8) or an open text file (left open). Returns
+    the number of lines written.
+
+    Cost: O(total tokens); streams, one request in memory at a time.
+    """
+    if isinstance(path_or_file, (str, os.PathLike)):
+        with open(path_or_file, "w", encoding="utf-8", newline="\n") as f:
+            return _write_lines(requests, f)
+    if not callable(getattr(path_or_file, "write", None)):
+        raise ArgumentTypeError(f"path_or_file must be a path or a text file, got {path_or_file!r}")
+    return _write_lines(requests, path_or_file)
+
+
+def _write_lines(requests: Iterable[Request], f: IO[str]) -> int:
+    count = 0
+    for request in requests:
+        record: dict[str, object] = {"tokens": np.asarray(request.tokens).tolist()}
+        if request.timestamp is not None:
+            record["timestamp"] = request.timestamp
+        record["output_length"] = request.output_length
+        if request.namespace is not None:
+            record["namespace"] = request.namespace
+        f.write(json.dumps(record, separators=(",", ":")))
+        f.write("\n")
+        count += 1
+    return count

@@ -1,0 +1,100 @@
+"""Trace bytes from a plain, gzip or zstd file, or from standard input (``-``).
+
+Compression is told by the file's first bytes (gzip ``1f 8b``, zstd
+``28 b5 2f fd``), so a misnamed file still reads; a file named ``.gz`` or
+``.zst`` whose bytes are not that format is an error naming it. zstd needs the
+optional ``zstandard`` package (``pip install 'radixkv[zstd]'``). Standard input
+is copied once to a temporary file (removed at exit), so a trace from a pipe
+can be read twice (format detection, Belady's look-ahead, a progress total)
+and by sweep workers. Every error is a :class:`~radixkv.errors.TraceFormatError`
+(``file:line: ...``) or an ``OSError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gzip
+import os
+import shutil
+import sys
+import tempfile
+from typing import BinaryIO, Iterator
+
+from ..errors import TraceFormatError
+
+STDIN = "-"
+_GZIP, _ZSTD = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+_stdin_copies: dict = {}  # standard input stream -> its temporary copy, made on first use
+
+
+def resolve(path: str) -> str:
+    """``path``, or for ``-`` the temporary file holding standard input (copied on first call)."""
+    path = os.fspath(path)
+    if path != STDIN:
+        return path
+    stream = sys.stdin
+    if stream not in _stdin_copies:
+        source = getattr(stream, "buffer", stream)
+        head = source.read(4)
+        suffix = ".gz" if head.startswith(_GZIP) else ".zst" if head.startswith(_ZSTD) else ".jsonl"
+        fd, name = tempfile.mkstemp(prefix="radixkv-stdin-", suffix=suffix)
+        with os.fdopen(fd, "wb") as copy:
+            copy.write(head)
+            shutil.copyfileobj(source, copy, 1 << 20)
+        atexit.register(_remove, name)
+        _stdin_copies[stream] = name
+    return _stdin_copies[stream]
+
+
+def _remove(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
+
+
+def compression(path: str) -> str:
+    """``"gzip"``, ``"zstd"`` or ``""`` from the first bytes of ``path`` (an OSError if unreadable)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    kind = "gzip" if head.startswith(_GZIP) else "zstd" if head.startswith(_ZSTD) else ""
+    named = "gzip" if path.endswith(".gz") else "zstd" if path.endswith(".zst") else ""
+    if named and kind != named:
+        raise TraceFormatError(path, 0, f"named like a {named} file but its bytes are not {named} data")
+    return kind
+
+
+def open_binary(path: str) -> BinaryIO:
+    """``path`` opened for reading its (decompressed) bytes."""
+    kind = compression(path)
+    if kind == "gzip":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if kind == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise TraceFormatError(path, 0, "is zstd-compressed; reading it needs the zstandard package "
+                                   "(pip install 'radixkv[zstd]'), or decompress it first") from None
+        return zstandard.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def read_lines(path: str) -> Iterator[bytes]:
+    """The (decompressed) lines of ``path``; a corrupt or truncated stream is a TraceFormatError at its line."""
+    lineno = 0
+    with open_binary(path) as f:
+        lines = iter(f)
+        while True:
+            try:
+                raw = next(lines)
+            except StopIteration:
+                return
+            except (OSError, EOFError, ValueError) as exc:  # gzip.BadGzipFile, truncation, zstd errors
+                raise TraceFormatError(path, lineno + 1, f"cannot decompress: {exc}") from None
+            lineno += 1
+            yield raw
+
+
+def read_all(path: str) -> bytes:
+    """All (decompressed) bytes of ``path``."""
+    return b"".join(read_lines(path))
