@@ -65,6 +65,17 @@ class Transfer:
         self._on_done = on_done
         self._on_error = on_error
 
+    def settle(self) -> None:
+        """Mark it done and run its callback (``on_error`` for a failed copy, re-raising the error
+        when there is none; else ``on_done``). Called on the owner thread by :meth:`TransferWorker.poll`."""
+        self.done = True
+        if self.error is not None:
+            if self._on_error is None:
+                raise self.error
+            self._on_error(self.error)
+        elif self._on_done is not None:
+            self._on_done(self.result)
+
     def __repr__(self) -> str:
         state = "failed" if self.error is not None else "done" if self.done else "in flight"
         return f"Transfer({self.id}, {state})"
@@ -148,13 +159,7 @@ class TransferWorker:
             self._in_flight -= 1
             self.applied += 1
             applied += 1
-            transfer.done = True
-            if transfer.error is not None:
-                if transfer._on_error is None:
-                    raise transfer.error
-                transfer._on_error(transfer.error)
-            elif transfer._on_done is not None:
-                transfer._on_done(transfer.result)
+            transfer.settle()
         return applied
 
     def drain(self, timeout: Optional[float] = None) -> int:
