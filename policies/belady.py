@@ -38,7 +38,7 @@ from radixkv.keys import TOKEN_DTYPE
 from radixkv.traces import Request
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, Offline
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -124,7 +124,7 @@ def next_uses(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, 
     return nxt, offsets
 
 
-class Belady(EvictionPolicy):
+class Belady(Offline, EvictionPolicy):
     """Offline optimum with bypass; ``policy_state`` is the node's last use (a clock value).
 
     Valid only for a cache that sees exactly the prepared requests through
@@ -133,7 +133,6 @@ class Belady(EvictionPolicy):
     """
 
     name = "belady"
-    offline = True
 
     def __init__(self) -> None:
         self._next = np.full(0, NEVER, dtype=np.int64)

@@ -1,4 +1,4 @@
-"""The evictable-leaf queue: a sorted run plus a binary heap, with lazy invalidation.
+"""The evictable-leaf queue (a sorted run plus a binary heap, with lazy invalidation), its key, and the victim loop.
 
 Each evictable leaf has at most one live entry, which its ``heap_id`` slot
 points to. Re-ranking a leaf pushes a new entry and orphans the old one (the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 from .tree import Node
 
@@ -120,3 +120,54 @@ class VictimQueue:
         self._run = deque(e for e in self._run if e[-1].heap_id is e)
         self._heap = [e for e in self._heap if e[-1].heap_id is e]
         heapq.heapify(self._heap)
+
+
+DEPTH_BASE = 256
+"""See :func:`rank_key`: the depth term is ``DEPTH_BASE - end`` rather than ``-end``."""
+
+
+def rank_key(priority: Callable[[Node], Any], node: Node) -> Tuple[Any, ...]:
+    """``node``'s key in a victim queue ranked by the policy method ``priority``: retention class,
+    then priority, then deepest page first.
+
+    Every queue (HBM's and each lower tier's) uses this key, so a policy ranks
+    the same way wherever it runs. Depth enters as ``DEPTH_BASE - end``: the
+    order of ``-end``, but for the usual depths the value is one of CPython's
+    preallocated small ints, which saves an int object per queued node. O(priority).
+    """
+    return (node.retention, priority(node), DEPTH_BASE - node.start - node.num_pages)
+
+
+def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], None],
+          take: Callable[[Node, int, Any], None]) -> int:
+    """The victim loop: take ``n`` pages (fewer if the queue runs dry) from the lowest-ranked nodes of ``queue``.
+
+    The one loop HBM and every lower tier evict with. Per victim: the policy's
+    optional ``on_victim(node)`` says how many tail pages may go at the node's
+    rank (``0`` spares it: the policy raised its rank, ``requeue(node)``
+    re-queues it and the loop looks again; ``None`` on the policy: every
+    page may go); then ``take(node, k, rank)`` must remove the node's last
+    ``k`` pages and re-queue or discard what is left of it, ``rank`` being
+    the policy priority the node was queued with (for the policy's
+    :meth:`~radixkv.policies.EvictionPolicy.on_evict`). Returns the pages
+    taken. Cost: O(log n) per victim and per spare, amortized, plus ``take``.
+    """
+    on_victim = policy.on_victim
+    taken = 0
+    while taken < n:
+        node = queue.peek()
+        if node is None:
+            break
+        k = node.num_pages
+        if on_victim is not None:
+            run = on_victim(node)
+            if run <= 0:
+                requeue(node)
+                continue
+            if run < k:
+                k = run
+        if k > n - taken:
+            k = n - taken
+        take(node, k, queue.peek_key()[1])
+        taken += k
+    return taken
