@@ -32,6 +32,9 @@ from radixkv.tree import Node, namespace_of
 from .base import EvictionPolicy, history_key
 
 
+_UNBOUNDED = 1 << 62
+
+
 class RunHistory:
     """Evicted runs: ``history_key`` of the first page -> (record, pages), oldest first.
 
@@ -51,6 +54,7 @@ class RunHistory:
                 raise ArgumentValueError(f"{what} must be an int >= 1, got {bound!r}")
         self.max_pages = max_pages
         self.max_runs = max_runs
+        self._bounds = (_UNBOUNDED if max_pages is None else max_pages, _UNBOUNDED if max_runs is None else max_runs)
         self.pages = 0
         self._runs: "OrderedDict[Hashable, Tuple[Any, int]]" = OrderedDict()
         self._on_forget = on_forget
@@ -62,20 +66,23 @@ class RunHistory:
         return key in self._runs
 
     def remember(self, node: Node, depth: int, run_end: int, record: Any) -> None:
-        """Remember the run of ``node``'s pages ``depth .. run_end`` (at least one page) with ``record``."""
-        self.put(history_key(namespace_of(node), depth, node.page(depth - node.start)), record,
-                 max(1, run_end - depth))
+        """Remember the run of ``node``'s pages ``depth .. run_end`` (at least one page) with ``record``.
 
-    def put(self, key: Hashable, record: Any, pages: int) -> None:
-        """Remember a run of ``pages`` pages under ``key`` with ``record``, dropping the oldest runs past a bound."""
+        The oldest runs past a bound are dropped. O(1) amortized: one dict operation when the
+        key is new and no bound is passed, plus the key (a walk to the root, one page hash).
+        """
+        key = history_key(namespace_of(node), depth, node.page(depth - node.start))
+        pages = run_end - depth if run_end > depth else 1
         runs = self._runs
-        old = runs.pop(key, None)
-        if old is not None:
+        entry = (record, pages)
+        old = runs.setdefault(key, entry)
+        if old is not entry:  # remembered again: the old run is forgotten, the new one is the newest
             self._drop(old)
-        runs[key] = (record, pages)
+            runs[key] = entry
+            runs.move_to_end(key)
         self.pages += pages
-        max_pages, max_runs = self.max_pages, self.max_runs
-        while (max_pages is not None and self.pages > max_pages) or (max_runs is not None and len(runs) > max_runs):
+        max_pages, max_runs = self._bounds
+        while self.pages > max_pages or len(runs) > max_runs:
             self._drop(runs.popitem(last=False)[1])
 
     def pop(self, key: Hashable) -> Optional[Tuple[Any, int]]:
@@ -158,8 +165,12 @@ class GhostPolicy(EvictionPolicy):
     def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
         self._now = now
         runs = self.history.recall(node_parent, num_pages, pages, self._page_bytes)
-        self.hold(node_parent, now, (node_parent.end + sum(run[1] for run in runs), runs))
-        self.recalled(runs, now)
+        boundary = node_parent.end
+        for run in runs:
+            boundary += run[1]
+        self.hold(node_parent, now, (boundary, runs))
+        if runs:
+            self.recalled(runs, now)
         return num_pages
 
     def recalled(self, runs: List[Tuple[Any, int, int]], now: int) -> None:

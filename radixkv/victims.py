@@ -87,8 +87,9 @@ class VictimQueue:
             node.heap_id = 0
             self._live -= 1
 
-    def peek(self) -> Optional[Node]:
-        """The leaf with the smallest key, without removing it. Amortized O(log n).
+    def head(self) -> Optional[Entry]:
+        """The live entry ``(*key, entry_id, node)`` with the smallest key, without removing it
+        (``None`` when empty). Amortized O(log n).
 
         Orphans that surfaced at the run's head or the heap's top are dropped first.
         """
@@ -98,16 +99,18 @@ class VictimQueue:
         while heap and heap[0][-1].heap_id is not heap[0]:
             heapq.heappop(heap)
         if heap and (not run or heap[0] < run[0]):
-            return heap[0][-1]
-        return run[0][-1] if run else None
+            return heap[0]
+        return run[0] if run else None
+
+    def peek(self) -> Optional[Node]:
+        """The leaf with the smallest key, without removing it. Amortized O(log n)."""
+        entry = self.head()
+        return None if entry is None else entry[-1]
 
     def peek_key(self) -> Any:
         """Key of :meth:`peek`'s leaf (``None`` when empty)."""
-        node = self.peek()
-        if node is None:
-            return None
-        run = self._run
-        return (run[0] if run and run[0][-1] is node else self._heap[0])[:-2]
+        entry = self.head()
+        return None if entry is None else entry[:-2]
 
     def entries(self) -> Iterator[Tuple[Any, Node]]:
         """Live ``(key, node)`` pairs in no particular order (for checks)."""
@@ -153,11 +156,13 @@ def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], Non
     taken. Cost: O(log n) per victim and per spare, amortized, plus ``take``.
     """
     on_victim = policy.on_victim
+    head = queue.head
     taken = 0
     while taken < n:
-        node = queue.peek()
-        if node is None:
+        entry = head()
+        if entry is None:
             break
+        node = entry[-1]
         k = node.num_pages
         if on_victim is not None:
             run = on_victim(node)
@@ -168,6 +173,6 @@ def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], Non
                 k = run
         if k > n - taken:
             k = n - taken
-        take(node, k, queue.peek_key()[1])
+        take(node, k, entry[1])
         taken += k
     return taken
