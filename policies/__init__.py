@@ -4,8 +4,9 @@
 >>> "lru" in available()
 True
 
-Adding a policy: write a module with an :class:`EvictionPolicy` subclass and
-add it to ``_CLASSES`` below (or call :func:`register`).
+Adding a policy: write a module with an :class:`EvictionPolicy` subclass (plus
+:class:`Offline` if it needs the future) and add it to ``_CLASSES`` below (or
+call :func:`register`).
 
 =========  ===================================================================
 name       rule
@@ -33,7 +34,7 @@ from radixkv.errors import ArgumentTypeError, ArgumentValueError, UnknownPolicyE
 
 from .adaptive import AdaptiveRetention
 from .arc import ARC
-from .base import EvictionPolicy
+from .base import EvictionPolicy, Offline
 from .belady import Belady
 from .fifo import FIFO
 from .gdsf import GDSF
@@ -87,5 +88,5 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
     return resolve(policy)(**options)
 
 
-__all__ = ["EvictionPolicy", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "ARC", "LIRS", "Belady",
+__all__ = ["EvictionPolicy", "Offline", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "ARC", "LIRS", "Belady",
            "available", "create", "register", "resolve"]

@@ -43,15 +43,15 @@ Johnson & Shasha 1994; S3-FIFO, SOSP'23).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Dict, Hashable, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Sequence, Tuple
 
 import numpy as np
 
 from radixkv.errors import ArgumentValueError
-from radixkv.keys import TOKEN_BYTES
 from radixkv.tree import Node, namespace_of
 
-from .base import EvictionPolicy, history_key, tail_past
+from .base import gap_bin, history_key, tail_past
+from .ghost import GhostPolicy, RunHistory
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -60,10 +60,6 @@ _BINS = 34  # bin 0: gap 0; bin j >= 1: gaps in [2^((j-1)/2), 2^(j/2)) ticks
 _WINDOWS = np.array([0.0] + [2.0 ** (j / 2) for j in range(1, _BINS)])  # window j catches bins <= j
 _MEAN_GAP = np.array([0.0] + [2.0 ** ((j - 0.5) / 2) for j in range(1, _BINS)])
 _USE_LEVELS = 3  # uses: 1, 2, 3+
-
-
-def _gap_bin(gap: int) -> int:
-    return 0 if gap <= 0 else min(_BINS - 1, 1 + int(2 * math.log2(gap)))
 
 
 def solve_windows(uses: np.ndarray, gaps: np.ndarray, budget: float) -> np.ndarray:
@@ -92,7 +88,7 @@ def solve_windows(uses: np.ndarray, gaps: np.ndarray, budget: float) -> np.ndarr
     return _WINDOWS[pick(hi)[0]]
 
 
-class AdaptiveRetention(EvictionPolicy):
+class AdaptiveRetention(GhostPolicy):
     """Deadline ranking with per-class windows learned online.
 
     ``policy_state`` is ``(last_use, head_class, fresh_class, boundary,
@@ -119,7 +115,6 @@ class AdaptiveRetention(EvictionPolicy):
             raise ArgumentValueError(f"size_edges must be increasing, got {size_edges!r}")
         self.half_life = half_life
         self.solve_every = solve_every
-        self.history_size = history_size
         classes = _USE_LEVELS * (len(self.size_edges) + 1)
         self.windows = np.zeros(classes)
         """Current retention window per class, in clock ticks (all 0 = LRU until the first solve)."""
@@ -129,17 +124,16 @@ class AdaptiveRetention(EvictionPolicy):
         self._new_gaps = [[0.0] * _BINS for _ in range(classes)]
         self._span = 0.0  # decayed ticks observed
         self._solved_at = 0
-        self._history: Dict[Hashable, Tuple[int, int, int, int]] = {}  # key -> (class, last use, pages, run end)
         self._page_size = 1
-        self._page_bytes = TOKEN_BYTES
-        self._capacity = 1
-        self._pending = (0, 0, 0)
-        self._evicting_end = 0
+        super().__init__(history_size)
+
+    def new_history(self, capacity: int) -> RunHistory:
+        """The ghost: the last ``history_size`` evicted runs, each ``(class, last use, run end)``."""
+        return RunHistory(None, max_runs=self.history_size)
 
     def attach(self, cache: "PrefixCache") -> None:
+        super().attach(cache)
         self._page_size = cache.page_size
-        self._page_bytes = cache.page_size * TOKEN_BYTES
-        self._capacity = cache.num_blocks
 
     # ------------------------------------------------------------ classes and learning
     def _size_class(self, num_pages: int) -> int:
@@ -155,7 +149,7 @@ class AdaptiveRetention(EvictionPolicy):
         return min(level + 1, _USE_LEVELS - 1) * (len(self.size_edges) + 1) + size
 
     def _observe(self, cls: int, gap: int, pages: int) -> None:
-        self._new_gaps[cls][_gap_bin(gap)] += pages
+        self._new_gaps[cls][gap_bin(gap, _BINS)] += pages
         self._new_uses[self._used_again(cls)] += pages
 
     def _tick(self, now: int) -> None:
@@ -177,20 +171,24 @@ class AdaptiveRetention(EvictionPolicy):
         end = start + num_pages
         fresh = self._size_class(end)  # level 0: first use
         key = history_key(namespace_of(node_parent), start, bytes(pages[: self._page_bytes]))
-        seen = self._history.pop(key, None)
+        seen = self.history.pop(key)
         if seen is None:
-            self._pending = (fresh, fresh, start)
+            self.hold(node_parent, now, (fresh, fresh, start))
             self._new_uses[fresh] += num_pages
         else:
-            cls, last, run_pages, run_end = seen
+            (cls, last, run_end), run_pages = seen
             boundary = min(max(run_end, start + run_pages), end)
             self._observe(cls, now - last, boundary - start)
-            self._pending = (self._used_again(cls), fresh, boundary)
+            self.hold(node_parent, now, (self._used_again(cls), fresh, boundary))
             self._new_uses[fresh] += end - boundary
         return num_pages
 
     def on_insert(self, node: Node, now: int) -> None:
-        head, fresh, boundary = self._pending
+        note = self.take_pending(node, now)
+        if note is None:  # not admitted (a tier's load-back): fresh pages of a request this deep
+            fresh = self._size_class(node.end)
+            note = (fresh, fresh, node.start)
+        head, fresh, boundary = note
         w = self.windows
         node.policy_state = (now, head, fresh, boundary, node.end, now + w[head], now + w[fresh])
 
@@ -217,23 +215,11 @@ class AdaptiveRetention(EvictionPolicy):
     def on_victim(self, node: Node) -> int:
         return tail_past(node, node.policy_state[3])  # the fresh tail goes at its own rank
 
-    def on_evict(self, node: Node, priority: object) -> None:
-        self._evicting_end = node.end
-
-    def _remember(self, node: Node, depth: int) -> None:
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
         last, head, fresh, boundary, run_end, _, _ = node.policy_state
+        depth = node.end - pages
         cls, extent = (fresh, run_end) if depth >= boundary else (head, boundary)
-        history = self._history
-        history[history_key(namespace_of(node), depth, node.page(depth - node.start))] = (
-            cls, last, self._evicting_end - depth, extent)
-        if len(history) > self.history_size:
-            del history[next(iter(history))]
-
-    def on_truncate(self, node: Node) -> None:
-        self._remember(node, node.end)
-
-    def on_remove(self, node: Node) -> None:
-        self._remember(node, node.start)
+        self.history.remember(node, depth, node.end, (cls, last, extent))
 
     def priority(self, node: Node) -> float:
         state = node.policy_state

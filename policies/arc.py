@@ -92,7 +92,7 @@ class ARC(GhostPolicy):
 
     def on_insert(self, node: Node, now: int) -> None:
         self._now = now
-        boundary, _ = self.take_pending(node, now)
+        boundary, _ = self.take_pending(node, now) or (node.start, None)
         head = min(max(boundary, node.start), node.end) - node.start
         self.sizes[T2] += head
         self.sizes[T1] += node.num_pages - head
@@ -131,18 +131,13 @@ class ARC(GhostPolicy):
             return 0
         return tail_past(node, boundary)
 
-    def _gone(self, node: Node, truncated: bool) -> None:
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
         _, _, boundary, last, head_list, tail_list = node.policy_state
-        depth, end = self.gone_run(node, truncated)
+        end = node.end
+        depth = end - pages
         split = min(max(boundary, depth), end)
         self.sizes[head_list] -= split - depth
         self.sizes[tail_list] -= end - split
         lst = tail_list if depth >= boundary else head_list
-        self.ghost_sizes[lst] += max(1, end - depth)
+        self.ghost_sizes[lst] += max(1, pages)
         self.history.remember(node, depth, end, (lst, last))
-
-    def on_truncate(self, node: Node) -> None:
-        self._gone(node, True)
-
-    def on_remove(self, node: Node) -> None:
-        self._gone(node, False)

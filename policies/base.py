@@ -12,23 +12,37 @@ retention classes (``PrefixCache.admit(..., priority=p)``) come first, so any
 policy evicts a lower class before a higher one.
 
 Priorities must not change without a hook call on that node: the engine
-re-ranks a leaf only after ``on_insert``/``on_access``/``on_truncate`` (and
-after a spared :meth:`EvictionPolicy.on_victim`). The queue invalidates
-lazily, so a rank may only be *raised* outside those calls, never lowered.
+re-ranks a leaf only after ``on_insert``/``on_access``/``on_split`` (and
+after a spared :meth:`EvictionPolicy.on_victim`, and once pages left it).
+The queue invalidates lazily, so a rank may only be *raised* outside those
+calls, never lowered.
+
+**The hooks.** ``on_insert``, ``on_access`` and ``on_split`` tell what
+entered or was used; :meth:`EvictionPolicy.on_evict` is the one notice
+that pages leave: the node, how many of its tail pages, and the rank they
+were evicted at (``None`` when they leave otherwise: a reset, an aborted
+admission, a lower tier's copy promoted or lost). It replaces the earlier
+``on_evict(node, priority)``, ``on_truncate(node)`` and ``on_remove(node)``:
+the range it carries is what those three pieced together. ``priority``
+ranks. Two capabilities are optional, and the engine tests for them once:
+``admit`` (admission control; ``None`` unless a policy defines it) and
+offline preparation (the :class:`Offline` mixin: ``prepare`` learns the
+future before a replay).
 
 **Why one more hook, ``on_victim``.** A static priority cannot express two
 things some policies need: a *second chance* (SIEVE, S3-FIFO and CLOCK look
 at the candidate and keep it if it was used since they last looked), and
 *per-page* ranks inside a node (Belady's next use differs from page to page,
 so a leaf may only lose the tail pages that share its tail page's rank). So
-the engine, when a leaf surfaces as the next victim, asks
-``on_victim(node)`` how many tail pages may go at this rank: ``0`` spares
-the leaf (the policy has raised its rank; the engine re-queues it and looks
-again), ``k >= 1`` evicts up to ``k`` pages, then the leaf is re-ranked.
-Policies that do not override it (``on_victim is None``) pay nothing and
-lose whole leaf tails at once. Victim selection stays O(log n) amortized: a
-spare is one heap push, and each spare must be paid for by an earlier access
-(a policy must return ``>= 1`` after finitely many spares of the same leaf).
+the victim loop (:func:`radixkv.victims.evict`), when a leaf surfaces as the
+next victim, asks ``on_victim(node)`` how many tail pages may go at this
+rank: ``0`` spares the leaf (the policy has raised its rank; the engine
+re-queues it and looks again), ``k >= 1`` evicts up to ``k`` pages, then the
+leaf is re-ranked. Policies that do not override it (``on_victim is None``)
+pay nothing and lose whole leaf tails at once. Victim selection stays
+O(log n) amortized: a spare is one heap push, and each spare must be paid
+for by an earlier access (a policy must return ``>= 1`` after finitely many
+spares of the same leaf).
 
 **Histories are per namespace.** A policy that remembers pages after they
 leave the tree (a ghost) keys them with :func:`history_key`, which includes
@@ -39,12 +53,14 @@ hit or miss timing) would tell that tenant what the other one cached.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Optional
+import math
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Optional, Sequence
 
 from radixkv.tree import Node
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
+    from radixkv.workload.traces import Request
 
 
 class EvictionPolicy:
@@ -54,7 +70,7 @@ class EvictionPolicy:
         name: registry name.
         aliases: other names :func:`radixkv.policies.create` accepts.
         offline: True for policies that must see the future request sequence
-            (:meth:`prepare`) before a replay; replay calls it for them.
+            before a replay (set by :class:`Offline`).
     """
 
     name: ClassVar[str] = ""
@@ -64,6 +80,13 @@ class EvictionPolicy:
     #: Optional victim-loop hook (see the module docstring); ``None`` means
     #: "evict the whole tail run at once" and costs nothing.
     on_victim: Optional[Callable[[Node], int]] = None
+
+    #: Optional admission control, ``admit(node_parent, num_pages, now, pages) -> int``: how many
+    #: of ``num_pages`` new pages below ``node_parent`` to cache (the length of the prefix of
+    #: them to keep). ``pages`` is a read-only view of the new pages' token bytes
+    #: (``num_pages * page_size`` uint32 values). Called before the engine evicts anything for
+    #: them, so declined pages cost no eviction. ``None``: every new page is cached, at no cost.
+    admit: Optional[Callable[[Node, int, int, memoryview], int]] = None
 
     def attach(self, cache: "PrefixCache") -> None:
         """Called once by :class:`PrefixCache` with the cache this policy serves (page size, cost model)."""
@@ -79,28 +102,50 @@ class EvictionPolicy:
     def on_split(self, upper: Node, lower: Node) -> None:
         """``lower`` was cut; ``upper`` holds its first pages (already a copy of its state)."""
 
-    def on_truncate(self, node: Node) -> None:
-        """``node`` lost tail pages to eviction and stays in the tree."""
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
+        """The last ``pages`` pages of ``node`` (depths ``node.end - pages`` to ``node.end``) leave.
 
-    def on_evict(self, node: Node, priority: Any) -> None:
-        """Tail pages of ``node`` are about to be evicted at ``priority`` (aging policies use it)."""
-
-    def on_remove(self, node: Node) -> None:
-        """``node`` left the tree."""
-
-    def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
-        """How many of ``num_pages`` new pages below ``node_parent`` to cache (all, by default).
-
-        ``pages`` is a read-only view of the new pages' token bytes
-        (``num_pages * page_size`` uint32 values). Called before the engine
-        evicts anything for them, so declined pages cost no eviction. Returns
-        the length of the prefix of the new pages to keep.
+        Called while ``node`` still holds them; ``node`` leaves with them when
+        ``pages == node.num_pages``, else it keeps its other pages and is
+        re-ranked. ``rank`` is the priority the victim was queued with (aging
+        policies raise their clock to it), or ``None`` when the pages leave
+        without being chosen as victims (a reset, an aborted admission, a
+        lower tier's copy moving up or lost).
         """
-        return num_pages
 
     def priority(self, node: Node) -> Any:
         """Rank of ``node`` among evictable leaves; lowest is evicted first. Must be cheap."""
         raise NotImplementedError
+
+
+class Offline:
+    """Capability mixin (``class P(Offline, EvictionPolicy)``): the policy needs the future.
+
+    Replay (and a cluster whose routing is known ahead) calls :meth:`prepare`
+    with the whole request sequence first; lower tiers refuse such a policy.
+    """
+
+    offline: ClassVar[bool] = True
+
+    def prepare(self, requests: Sequence["Request"], page_size: int, first_clock: int = 1) -> None:
+        """Learn the future: ``requests`` will be admitted at clock values ``first_clock, first_clock+1, ...``."""
+        raise NotImplementedError
+
+
+PACK_BITS = 40
+"""Low bits of :func:`pack`: clocks and counters stay below ``2**40``."""
+
+
+def pack(high: int, low: int) -> int:
+    """``(high, low)`` as one int with the same order (``0 <= low < 2**PACK_BITS``); one int
+    compares faster than a tuple and costs one object. O(1)."""
+    return high << PACK_BITS | low
+
+
+def gap_bin(gap: int, bins: int) -> int:
+    """Histogram bin of a reuse gap of ``gap`` clock ticks: bin 0 holds gap 0, bin ``j >= 1``
+    gaps in ``[2^((j-1)/2), 2^(j/2))``, the last bin everything longer. O(1)."""
+    return 0 if gap <= 0 else min(bins - 1, 1 + int(2 * math.log2(gap)))
 
 
 def tail_past(node: Node, boundary: int) -> int:

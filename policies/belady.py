@@ -40,7 +40,7 @@ from radixkv.page_keys import PrefixKeys
 from radixkv.workload.traces import Request
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, Offline
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -98,7 +98,7 @@ def next_uses(requests: Iterable[Request], page_size: int) -> Tuple[np.ndarray, 
     return nxt, offsets
 
 
-class Belady(EvictionPolicy):
+class Belady(Offline, EvictionPolicy):
     """Offline optimum with bypass; ``policy_state`` is the node's last use (a clock value).
 
     Valid only for a cache that sees exactly the prepared requests through
@@ -107,7 +107,6 @@ class Belady(EvictionPolicy):
     """
 
     name = "belady"
-    offline = True
 
     def __init__(self) -> None:
         self._next = np.full(0, NEVER, dtype=np.int64)

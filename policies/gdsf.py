@@ -76,9 +76,9 @@ class GDSF(EvictionPolicy):
     def on_access(self, node: Node, now: int) -> None:
         node.policy_state = (self.age, node.policy_state[1] + 1, now)
 
-    def on_evict(self, node: Node, priority: Any) -> None:
-        if priority[0] > self.age:
-            self.age = priority[0]
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
+        if rank is not None and rank[0] > self.age:
+            self.age = rank[0]
 
     def priority(self, node: Node) -> Tuple[float, int]:
         age, freq, last = node.policy_state

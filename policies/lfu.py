@@ -18,7 +18,7 @@ from typing import Any
 from radixkv.errors import ArgumentTypeError
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import PACK_BITS, EvictionPolicy, pack
 
 
 class LFU(EvictionPolicy):
@@ -42,11 +42,13 @@ class LFU(EvictionPolicy):
         freq = node.policy_state[1] + 1
         node.policy_state = (self.age + freq, freq, now)
 
-    def on_evict(self, node: Node, priority: Any) -> None:
-        value = priority >> 40
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
+        if rank is None:
+            return
+        value = rank >> PACK_BITS
         if self.aging and value > self.age:
             self.age = value
 
     def priority(self, node: Node) -> int:
         value, _, last = node.policy_state
-        return value << 40 | last  # (value, last) as one int: clocks stay below 2**40
+        return pack(value, last)

@@ -40,7 +40,7 @@ the Mooncake traces this package's policy table reproduces.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from radixkv.tree import Node
 
@@ -71,7 +71,7 @@ class LIRS(GhostPolicy):
 
     def on_insert(self, node: Node, now: int) -> None:
         self._now = now
-        boundary, runs = self.take_pending(node, now)
+        boundary, runs = self.take_pending(node, now) or (node.start, [])
         interval = now - runs[0][0] if runs else None
         node.policy_state = (lirs_key(now, interval, now), lirs_key(now, None, now), boundary, now, interval, None)
 
@@ -99,12 +99,5 @@ class LIRS(GhostPolicy):
                 return 0
         return tail_past(node, boundary)
 
-    def _remember(self, node: Node, truncated: bool) -> None:
-        depth, end = self.gone_run(node, truncated)
-        self.history.remember(node, depth, end, node.policy_state[3])
-
-    def on_truncate(self, node: Node) -> None:
-        self._remember(node, True)
-
-    def on_remove(self, node: Node) -> None:
-        self._remember(node, False)
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
+        self.history.remember(node, node.end - pages, node.end, node.policy_state[3])

@@ -24,12 +24,13 @@ a namespace's pages enter M only on its own evictions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Hashable
+from typing import TYPE_CHECKING, Any
 
 from radixkv.errors import ArgumentValueError
 from radixkv.tree import Node, namespace_of
 
 from .base import EvictionPolicy, history_key
+from .ghost import RunHistory
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
@@ -56,19 +57,15 @@ class S3FIFO(EvictionPolicy):
         self.move_threshold = move_threshold
         self._small = self._main = 1
         self._time = 0  # V: pages inserted so far
-        self._ghost: Dict[Hashable, None] = {}  # history keys, oldest first (an ordered set)
+        self._ghost = RunHistory(None, max_runs=self._main)  # first pages of runs evicted from S
 
     def attach(self, cache: "PrefixCache") -> None:
         self._small = max(1, int(cache.num_blocks * self.small_fraction))
         self._main = max(1, cache.num_blocks - self._small)
-
-    def _page_key(self, node: Node, depth: int) -> Hashable:
-        return history_key(namespace_of(node), depth, node.page(depth - node.start))
+        self._ghost = RunHistory(None, max_runs=self._main)
 
     def on_insert(self, node: Node, now: int) -> None:
-        key = self._page_key(node, node.start)
-        if key in self._ghost:
-            del self._ghost[key]
+        if self._ghost.pop(history_key(namespace_of(node), node.start, node.first)) is not None:
             node.policy_state = (self._time + self._main, _MAIN, 0)
         else:
             node.policy_state = (self._time + self._small, _SMALL, 0)
@@ -90,18 +87,9 @@ class S3FIFO(EvictionPolicy):
             return 0
         return node.num_pages
 
-    def _remember(self, node: Node, depth: int) -> None:
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
         if node.policy_state[1] == _SMALL:
-            ghost = self._ghost
-            ghost[self._page_key(node, depth)] = None
-            if len(ghost) > self._main:
-                del ghost[next(iter(ghost))]
-
-    def on_truncate(self, node: Node) -> None:
-        self._remember(node, node.end)
-
-    def on_remove(self, node: Node) -> None:
-        self._remember(node, node.start)
+            self._ghost.remember(node, node.end - pages, node.end, None)
 
     def priority(self, node: Node) -> int:
         return node.policy_state[0]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, pack
 
 
 class SIEVE(EvictionPolicy):
@@ -49,4 +49,4 @@ class SIEVE(EvictionPolicy):
 
     def priority(self, node: Node) -> int:
         state = node.policy_state
-        return state[0] << 40 | state[1]  # (lap, seq) as one int: fewer than 2**40 inserts
+        return pack(state[0], state[1])  # fewer than 2**40 inserts

@@ -16,7 +16,7 @@ from __future__ import annotations
 from radixkv.errors import ArgumentValueError
 from radixkv.tree import Node
 
-from .base import EvictionPolicy
+from .base import EvictionPolicy, pack
 
 
 class SLRU(EvictionPolicy):
@@ -37,4 +37,4 @@ class SLRU(EvictionPolicy):
 
     def priority(self, node: Node) -> int:
         uses, last = node.policy_state
-        return (uses >= self.protected_threshold) << 40 | last  # (segment, last): clocks < 2**40
+        return pack(uses >= self.protected_threshold, last)

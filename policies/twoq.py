@@ -38,7 +38,7 @@ synthetic trace's long gaps and its hit rate at 3M tokens drops 2 points).
 Cost: O(1) per hook (one dict lookup at admission) plus a walk to the root
 at admission and eviction (for the namespace; two nodes on average on the
 Mooncake conversation trace), O(bins) every ``solve_every`` ticks; the
-ghost is an ``OrderedDict`` of at most ``history_size`` entries.
+ghost is a :class:`~.ghost.RunHistory` of at most ``history_size`` runs.
 
 Source: Johnson & Shasha, "2Q: A low overhead high performance buffer
 management replacement algorithm" (VLDB'94): probationary A1in, ghost
@@ -48,28 +48,19 @@ separate queues, with the protected window learned instead of a fixed size.
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict
-from typing import TYPE_CHECKING, Hashable, List, Optional, Tuple
+from typing import Any, List, Tuple
 
 from radixkv.errors import ArgumentValueError
-from radixkv.keys import TOKEN_BYTES
-from radixkv.tree import Node, namespace_of
+from radixkv.tree import Node
 
-from .base import EvictionPolicy, history_key, tail_past
+from .base import gap_bin, tail_past
+from .ghost import GhostPolicy, RunHistory
 
-if TYPE_CHECKING:  # pragma: no cover
-    from radixkv.cache import PrefixCache
-
-_BINS = 48  # bin 0: gap 0; bin j >= 1: gaps in [2^((j-1)/2), 2^(j/2)) ticks
+_BINS = 48  # gap_bin's bins
 _PROBATION, _PROTECTED = 0, 1
 
 
-def _gap_bin(gap: int) -> int:
-    return 0 if gap <= 0 else min(_BINS - 1, 1 + int(2 * math.log2(gap)))
-
-
-class TwoQ(EvictionPolicy):
+class TwoQ(GhostPolicy):
     """Probationary / protected deadlines with a ghost of evicted runs.
 
     ``policy_state`` is ``(head deadline, tail deadline, boundary, head
@@ -92,22 +83,19 @@ class TwoQ(EvictionPolicy):
                 raise ArgumentValueError(f"{arg} must be an int >= 1, got {value!r}")
         self.quantile = float(quantile)
         self.solve_every = solve_every
-        self.history_size = history_size
         self.window = 0
         """``W``: ticks a protected page outranks a probationary one used at the same time."""
         self._gaps: List[float] = [0.0] * _BINS  # page-weighted protected reuse gaps
         self._solved_at = 0
-        self._ghost: "OrderedDict[Hashable, Tuple[int, int, int]]" = OrderedDict()
-        self._page_bytes = TOKEN_BYTES
-        self._pending: Tuple[Optional[Node], int, int] = (None, 0, -1)  # (parent, boundary, now) from admit
-        self._evicting_end = 0
+        super().__init__(history_size)
 
-    def attach(self, cache: "PrefixCache") -> None:
-        self._page_bytes = cache.page_size * TOKEN_BYTES
+    def new_history(self, capacity: int) -> RunHistory:
+        """The ghost: the last ``history_size`` evicted runs, whatever the capacity."""
+        return RunHistory(None, max_runs=self.history_size)
 
     # ------------------------------------------------------------ learning W
     def _observe(self, gap: int, pages: int) -> None:
-        self._gaps[_gap_bin(gap)] += pages
+        self._gaps[gap_bin(gap, _BINS)] += pages
 
     def _tick(self, now: int) -> None:
         if now - self._solved_at < self.solve_every:
@@ -126,27 +114,15 @@ class TwoQ(EvictionPolicy):
     # ------------------------------------------------------------ hooks
     def admit(self, node_parent: Node, num_pages: int, now: int, pages: memoryview) -> int:
         self._tick(now)
-        start = end = node_parent.end
-        ghost, width = self._ghost, self._page_bytes
-        namespace = namespace_of(node_parent)
-        while end < start + num_pages:  # follow the chain through runs evicted one after another
-            offset = (end - start) * width
-            seen = ghost.pop(history_key(namespace, end, bytes(pages[offset : offset + width])), None)
-            if seen is None:
-                break
-            was, last, run_pages = seen
-            run_pages = min(run_pages, start + num_pages - end)
-            if was == _PROTECTED:
-                self._observe(now - last, run_pages)
-            end += run_pages
-        self._pending = (node_parent, end, now)
-        return num_pages
+        return super().admit(node_parent, num_pages, now, pages)
+
+    def recalled(self, runs: List[Tuple[Any, int, int]], now: int) -> None:
+        for (segment, last), covered, _ in runs:
+            if segment == _PROTECTED:
+                self._observe(now - last, covered)
 
     def on_insert(self, node: Node, now: int) -> None:
-        parent, boundary, when = self._pending
-        self._pending = (None, 0, -1)
-        if parent is not node.parent or when != now:  # not this admission's pages (e.g. a tier load-back)
-            boundary = node.start
+        boundary, _ = self.take_pending(node, now) or (node.start, None)
         protected = now + self.window
         node.policy_state = (protected, now, boundary, _PROTECTED, _PROBATION, now)
 
@@ -167,20 +143,7 @@ class TwoQ(EvictionPolicy):
     def on_victim(self, node: Node) -> int:
         return tail_past(node, node.policy_state[2])  # the probationary tail goes at its own rank
 
-    def on_evict(self, node: Node, priority: object) -> None:
-        self._evicting_end = node.end
-
-    def _remember(self, node: Node, depth: int) -> None:
+    def on_evict(self, node: Node, pages: int, rank: Any) -> None:
         _, _, boundary, head, tail, last = node.policy_state
-        ghost = self._ghost
-        segment = tail if depth >= boundary else head
-        key = history_key(namespace_of(node), depth, node.page(depth - node.start))
-        ghost[key] = (segment, last, max(1, self._evicting_end - depth))
-        if len(ghost) > self.history_size:
-            ghost.popitem(last=False)
-
-    def on_truncate(self, node: Node) -> None:
-        self._remember(node, node.end)
-
-    def on_remove(self, node: Node) -> None:
-        self._remember(node, node.start)
+        depth = node.end - pages
+        self.history.remember(node, depth, node.end, (tail if depth >= boundary else head, last))

@@ -28,10 +28,10 @@ from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is
 from .lower import LowerLayer
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
-from .victims import VictimQueue
+from . import victims as _victims
+from .victims import VictimQueue, rank_key
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
-_DEPTH_BASE = 256  # see PrefixCache._rank_key
 
 
 def _check_retention(priority: object, expires_at: object):
@@ -268,11 +268,10 @@ class PrefixCache:
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.attach(self)
-        # Eviction hooks the policy leaves at the base class's no-op are not called at all.
+        # Hooks the policy leaves at the base class's no-op are not called at all.
         base, cls = _policies.EvictionPolicy, type(self._policy)
-        self._eviction_hooks = tuple(
-            getattr(self._policy, hook) if getattr(cls, hook) is not getattr(base, hook) else None
-            for hook in ("on_evict", "on_truncate", "on_remove"))
+        self._on_evict = self._policy.on_evict if cls.on_evict is not base.on_evict else None
+        self._admit_hook = self._policy.admit  # None: every new page is cached
         # Likewise the base on_access (a timestamp in policy_state) is inlined on the match path.
         self._on_access = self._policy.on_access if cls.on_access is not base.on_access else None
         self._events: Optional[EventLog] = make_event_log(self, enable_events)
@@ -847,7 +846,8 @@ class PrefixCache:
         dropped = []
         for node in list(self._tree.nodes()):
             dropped.append(node.blocks)
-            self._policy.on_remove(node)
+            if self._on_evict is not None:
+                self._on_evict(node, node.num_pages, None)
             node.gen = -1
             node.heap_id = 0
         for _, root in self._tree.roots():  # handles to them outlive the reset: they must find nothing
@@ -1039,10 +1039,10 @@ class PrefixCache:
         Counts the declined ones. The policy sees the new pages' token bytes
         as a zero-copy view.
         """
-        if n == 0:
-            return 0
+        if n == 0 or self._admit_hook is None:
+            return n
         pb = self._tree.page_bytes
-        keep = min(self._policy.admit(node, n, now, memoryview(data)[start * pb : (start + n) * pb]), n)
+        keep = min(self._admit_hook(node, n, now, memoryview(data)[start * pb : (start + n) * pb]), n)
         if keep < n:
             self.declined_blocks += n - keep
         return keep
@@ -1078,71 +1078,51 @@ class PrefixCache:
                     self._rank(node)
 
     def _rank_key(self, node: Node):
-        """A leaf's place in the victim queue: retention class, then policy priority, then deepest
-        first. Depth enters as ``_DEPTH_BASE - end`` rather than ``-end``: the same order, but for
-        the usual depths the value is one of CPython's preallocated small ints, which saves an int
-        object per queued leaf."""
-        return (node.retention, self._policy.priority(node), _DEPTH_BASE - node.start - node.num_pages)
+        """A leaf's place in the victim queue (:func:`radixkv.victims.rank_key`)."""
+        return rank_key(self._policy.priority, node)
 
     def _rank(self, node: Node) -> None:
         """(Re-)queue ``node`` if it is an evictable leaf."""
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
-            self._victims.push(node, (node.retention, self._policy.priority(node),
-                                      _DEPTH_BASE - node.start - node.num_pages))
+            self._victims.push(node, rank_key(self._policy.priority, node))
 
     def _evict(self, n: int) -> int:
+        """Evict up to ``n`` pages through the victim loop (:func:`radixkv.victims.evict`); return pages freed."""
         if self._expiry_heap:
             self._expire()
-        freed = 0
-        victims, tree, policy = self._victims, self._tree, self._policy
-        on_victim = policy.on_victim
-        on_evict, on_truncate, on_remove = self._eviction_hooks
-        spill = self._spill
+        victims, tree = self._victims, self._tree
+        on_evict, spill, rank = self._on_evict, self._spill, self._rank
         dropped = []  # blocks go back to the pool in one batch at the end
+
+        def take(node: Node, k: int, priority: Any) -> None:
+            if spill is not None:  # a tier layer demotes the pages instead of dropping them
+                spill(node, k)
+            if on_evict is not None:
+                on_evict(node, k, priority)
+            if self._events is not None:
+                self._events.removed(node.blocks[node.num_pages - k :])
+            if self._page_index is not None:
+                self._page_index.removed(node.blocks[node.num_pages - k :])
+            dropped.append(tree.truncate(node, k))
+            self._cached -= k
+            self.evicted_blocks += k
+            if node.gen >= 0:
+                rank(node)
+            else:
+                victims.discard(node)
+                if self._expiry:
+                    self._expiry.pop(node, None)
+                parent = node.parent
+                if parent.parent is not None:
+                    rank(parent)
+                elif parent.children is None and not parent.lock_ref:
+                    self._drop_root_if_unused(parent)
+
         try:  # if a tier's spill raises, the victims already cut still go back to the pool
-            while freed < n:
-                node = victims.peek()
-                if node is None:
-                    break
-                k = node.num_pages
-                if on_victim is not None:
-                    run = on_victim(node)
-                    if run <= 0:  # spared: the policy raised its rank, look again
-                        self._rank(node)
-                        continue
-                    k = min(k, run)
-                k = min(k, n - freed)
-                if spill is not None:  # a tier layer demotes the pages instead of dropping them
-                    spill(node, k)
-                if on_evict is not None:
-                    on_evict(node, victims.peek_key()[1])
-                if self._events is not None:
-                    self._events.removed(node.blocks[node.num_pages - k :])
-                if self._page_index is not None:
-                    self._page_index.removed(node.blocks[node.num_pages - k :])
-                dropped.append(tree.truncate(node, k))
-                self._cached -= k
-                freed += k
-                if node.gen >= 0:
-                    if on_truncate is not None:
-                        on_truncate(node)
-                    self._rank(node)
-                else:
-                    victims.discard(node)
-                    if on_remove is not None:
-                        on_remove(node)
-                    if self._expiry:
-                        self._expiry.pop(node, None)
-                    parent = node.parent
-                    if parent.parent is not None:
-                        self._rank(parent)
-                    elif parent.children is None and not parent.lock_ref:
-                        self._drop_root_if_unused(parent)
+            return _victims.evict(victims, self._policy, n, rank, take)
         finally:
             if dropped:
                 self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
-            self.evicted_blocks += freed
-        return freed
 
     def _lock_node(self, node: Node) -> None:
         while node is not None:
@@ -1230,15 +1210,15 @@ class PrefixCache:
         if self._page_index is not None:
             self._page_index.removed(removed)
         freed = []
-        on_remove = self._eviction_hooks[2]
+        on_evict = self._on_evict
         for n in subtree:
             self._cached -= n.num_pages
             if n.heap_id:
                 self._victims.discard(n)
             if self._expiry:
                 self._expiry.pop(n, None)
-            if on_remove is not None:
-                on_remove(n)
+            if on_evict is not None:
+                on_evict(n, n.num_pages, None)
             if n.lock_ref:
                 self._protected -= n.num_pages
                 self._detached[n] = None
@@ -1248,7 +1228,7 @@ class PrefixCache:
             else:
                 freed.append(n.blocks)
                 n.gen = -1
-        top.parent = None  # cut only now: the policy's on_remove may walk up to the namespace root
+        top.parent = None  # cut only now: the policy's on_evict may walk up to the namespace root
         if freed:
             self._give_back(np.concatenate(freed))
 

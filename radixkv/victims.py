@@ -1,4 +1,4 @@
-"""The evictable-leaf queue: a sorted run plus a binary heap, with lazy invalidation.
+"""The evictable-leaf queue (a sorted run plus a binary heap, with lazy invalidation), its key, and the victim loop.
 
 Each evictable leaf has at most one live entry, which its ``heap_id`` slot
 points to. Re-ranking a leaf pushes a new entry and orphans the old one (the
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any, Deque, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 from .tree import Node
 
@@ -87,8 +87,9 @@ class VictimQueue:
             node.heap_id = 0
             self._live -= 1
 
-    def peek(self) -> Optional[Node]:
-        """The leaf with the smallest key, without removing it. Amortized O(log n).
+    def head(self) -> Optional[Entry]:
+        """The live entry ``(*key, entry_id, node)`` with the smallest key, without removing it
+        (``None`` when empty). Amortized O(log n).
 
         Orphans that surfaced at the run's head or the heap's top are dropped first.
         """
@@ -98,16 +99,18 @@ class VictimQueue:
         while heap and heap[0][-1].heap_id is not heap[0]:
             heapq.heappop(heap)
         if heap and (not run or heap[0] < run[0]):
-            return heap[0][-1]
-        return run[0][-1] if run else None
+            return heap[0]
+        return run[0] if run else None
+
+    def peek(self) -> Optional[Node]:
+        """The leaf with the smallest key, without removing it. Amortized O(log n)."""
+        entry = self.head()
+        return None if entry is None else entry[-1]
 
     def peek_key(self) -> Any:
         """Key of :meth:`peek`'s leaf (``None`` when empty)."""
-        node = self.peek()
-        if node is None:
-            return None
-        run = self._run
-        return (run[0] if run and run[0][-1] is node else self._heap[0])[:-2]
+        entry = self.head()
+        return None if entry is None else entry[:-2]
 
     def entries(self) -> Iterator[Tuple[Any, Node]]:
         """Live ``(key, node)`` pairs in no particular order (for checks)."""
@@ -120,3 +123,56 @@ class VictimQueue:
         self._run = deque(e for e in self._run if e[-1].heap_id is e)
         self._heap = [e for e in self._heap if e[-1].heap_id is e]
         heapq.heapify(self._heap)
+
+
+DEPTH_BASE = 256
+"""See :func:`rank_key`: the depth term is ``DEPTH_BASE - end`` rather than ``-end``."""
+
+
+def rank_key(priority: Callable[[Node], Any], node: Node) -> Tuple[Any, ...]:
+    """``node``'s key in a victim queue ranked by the policy method ``priority``: retention class,
+    then priority, then deepest page first.
+
+    Every queue (HBM's and each lower tier's) uses this key, so a policy ranks
+    the same way wherever it runs. Depth enters as ``DEPTH_BASE - end``: the
+    order of ``-end``, but for the usual depths the value is one of CPython's
+    preallocated small ints, which saves an int object per queued node. O(priority).
+    """
+    return (node.retention, priority(node), DEPTH_BASE - node.start - node.num_pages)
+
+
+def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], None],
+          take: Callable[[Node, int, Any], None]) -> int:
+    """The victim loop: take ``n`` pages (fewer if the queue runs dry) from the lowest-ranked nodes of ``queue``.
+
+    The one loop HBM and every lower tier evict with. Per victim: the policy's
+    optional ``on_victim(node)`` says how many tail pages may go at the node's
+    rank (``0`` spares it: the policy raised its rank, ``requeue(node)``
+    re-queues it and the loop looks again; ``None`` on the policy: every
+    page may go); then ``take(node, k, rank)`` must remove the node's last
+    ``k`` pages and re-queue or discard what is left of it, ``rank`` being
+    the policy priority the node was queued with (for the policy's
+    :meth:`~radixkv.policies.EvictionPolicy.on_evict`). Returns the pages
+    taken. Cost: O(log n) per victim and per spare, amortized, plus ``take``.
+    """
+    on_victim = policy.on_victim
+    head = queue.head
+    taken = 0
+    while taken < n:
+        entry = head()
+        if entry is None:
+            break
+        node = entry[-1]
+        k = node.num_pages
+        if on_victim is not None:
+            run = on_victim(node)
+            if run <= 0:
+                requeue(node)
+                continue
+            if run < k:
+                k = run
+        if k > n - taken:
+            k = n - taken
+        take(node, k, entry[1])
+        taken += k
+    return taken

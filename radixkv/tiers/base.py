@@ -4,8 +4,8 @@ A tier stores pages below HBM. It hands out *slots* (int64 ids, one per
 page), stores and returns page payloads by slot, and ranks the spill-tree
 nodes it holds with its own eviction policy (any registered online one; an
 offline policy such as ``belady`` is refused, see :class:`Tier`) in its own
-victim queue, under the same hook contract as HBM's (``on_victim``,
-``on_evict``, ``on_remove``). It never decides where pages go next: the
+victim queue, through HBM's victim loop (``on_victim``, then
+``on_evict``). It never decides where pages go next: the
 :class:`~radixkv.tiers.stack.TierStack` reserves slots, evicts (demoting to
 the next tier or dropping) and records transfers. Payload integrity is the
 stack's job too: it computes a checksum when a page leaves HBM and verifies

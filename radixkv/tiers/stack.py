@@ -27,12 +27,12 @@ pages cheap; FIFO-like policies rank by arrival) would leave them resident
 and unreachable. Under write-through the lower tiers back HBM up and an
 ancestor's copy is usually redundant with its HBM page, so every copy stays
 a victim (with LRU, the ancestor's copy goes first and its deeper copies,
-which HBM evicted first, are what the tier serves). The victim loop
-follows :meth:`~radixkv.cache.PrefixCache._evict`'s contract with the
-tier's policy: ``on_victim`` (0 spares the node: re-rank and look again;
-``k`` lets only ``k`` tail pages go), ``on_evict`` with the victim's
-priority, then the pages leave (``on_split`` for the part that stays,
-``on_remove`` for the part that goes).
+which HBM evicted first, are what the tier serves). A tier evicts
+with HBM's victim loop (:func:`radixkv.victims.evict`) and key
+(:func:`radixkv.victims.rank_key`): ``on_victim`` (0 spares the node:
+re-rank and look again; ``k`` lets only ``k`` tail pages go), then the
+evicted tail is split off (``on_split``) and leaves the tier
+(``on_evict`` with the rank it was queued at).
 
 Faults: every call into a tier goes through a guard that turns an exception,
 or an answer out of the :class:`~radixkv.tiers.base.Tier` contract, into the
@@ -53,8 +53,9 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import policies as _policies
+from .. import victims as _victims
 from ..tree import Node, RadixTree
+from ..victims import rank_key
 from .base import IN_FLIGHT, NO_SLOTS, SLOT_DTYPE, Copy, Tier, checksums
 from .transfers import HBM, TransferLedger
 
@@ -203,7 +204,7 @@ class TierStack:
         if copy.blockers and self.leaves_first:
             tier.victims.discard(node)
         else:
-            tier.victims.push(node, (tier.policy.priority(node), -node.end))
+            tier.victims.push(node, rank_key(tier.policy.priority, node))
 
     def _blocks(self, child: Node, level: int) -> bool:
         """Whether ``child`` keeps its parent, a copy in tier ``level``, from leaving it."""
@@ -238,17 +239,18 @@ class TierStack:
         tier.on_assign(node)
         self._note("stored", node, tier, src)
 
-    def _release(self, node: Node, kind: str = "removed") -> Copy:
+    def _release(self, node: Node, kind: str = "removed", rank: object = None) -> Copy:
         """Take ``node``'s copy away (slots still held by the caller); node becomes in flight.
 
         ``kind`` is journaled: ``"removed"``, or ``"promoted"`` when the pages move up to HBM.
+        ``rank``: the priority ``node`` was evicted at (``None``: it was not a victim).
         """
         copy = node.ext
         tier = copy.tier
         self._note(kind, node, tier)
         tier.on_release(node)
         tier.victims.discard(node)
-        tier.policy.on_remove(node)
+        tier.policy.on_evict(node, node.num_pages, rank)
         self._set_ext(node, IN_FLIGHT)
         return copy
 
@@ -590,46 +592,25 @@ class TierStack:
     def evict(self, i: int, n: int) -> int:
         """Move the ``n`` lowest-ranked pages of tier ``i`` down a tier (or drop them); return pages moved.
 
-        The contract of :meth:`PrefixCache._evict <radixkv.cache.PrefixCache._evict>`: the tier's
-        policy sees ``on_victim`` (0 spares the node, which is re-ranked; ``k`` lets ``k`` tail
-        pages go), then ``on_evict`` with the victim's priority; the evicted tail is split off
-        (``on_split``) and leaves (``on_remove``). Cost: O(log n) per victim, amortized.
+        HBM's victim loop (:func:`radixkv.victims.evict`) over the tier's queue and policy: a
+        victim's evicted tail is split off (``on_split``) and demoted, and the policy's
+        ``on_evict`` gets the rank it was queued at. Cost: O(log n) per victim, amortized.
         """
-        tier = self.tiers[i]
-        victims, policy = tier.victims, tier.policy
-        on_victim = policy.on_victim
-        on_evict = policy.on_evict if type(policy).on_evict is not _policies.EvictionPolicy.on_evict else None
-        moved = 0
-        while moved < n:
-            node, run = self._next_victim(victims, on_victim)
-            if node is None:
-                break
-            k = min(run, n - moved)
-            if on_evict is not None:
-                on_evict(node, victims.peek_key()[0])
+        def take(node: Node, k: int, rank: object) -> None:
             if k < node.num_pages:
                 self._split(node, node.num_pages - k)
-            self.demote(i, node)
-            moved += k
-        return moved
+            self.demote(i, node, rank)
 
-    def _next_victim(self, victims, on_victim) -> Tuple[Optional[Node], int]:
-        """The queue's next victim and how many of its tail pages may go at its rank (``None, 0``: empty)."""
-        while True:
-            node = victims.peek()
-            if node is None:
-                return None, 0
-            if on_victim is None:
-                return node, node.num_pages
-            run = on_victim(node)
-            if run > 0:
-                return node, min(run, node.num_pages)
-            self._rank(node)  # spared: the policy raised its rank, look again
-
-    def demote(self, i: int, node: Node) -> None:
-        """Move every page of ``node`` (held in tier ``i``) to the tiers below, or drop it from the last."""
         tier = self.tiers[i]
-        copy = self._release(node)
+        return _victims.evict(tier.victims, tier.policy, n, self._rank, take)
+
+    def demote(self, i: int, node: Node, rank: object = None) -> None:
+        """Move every page of ``node`` (held in tier ``i``) to the tiers below, or drop it from the last.
+
+        ``rank``: the priority ``node`` was chosen as a victim at (``None``: it was not chosen).
+        """
+        tier = self.tiers[i]
+        copy = self._release(node, rank=rank)
         if i + 1 >= len(self.tiers):
             self._give(tier, copy.slots)
             self.dropped_pages += node.num_pages
@@ -724,7 +705,7 @@ class TierStack:
             assert set(live) == {id(n) for n in nodes if not (n.ext.blockers and self.leaves_first)}, (
                 f"{tier.name}: victim queue differs from its victim-eligible resident nodes")
             for k, n in live.values():
-                assert k == (tier.policy.priority(n), -n.end), f"{tier.name}: {n} queued at {k}"
+                assert k == rank_key(tier.policy.priority, n), f"{tier.name}: {n} queued at {k}"
             tier.check()
 
     def reset(self) -> None:

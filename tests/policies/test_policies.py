@@ -149,9 +149,9 @@ def test_2q_uses_an_admission_check_only_for_that_admissions_pages():
     cache.admit([1, 2]).release()
     leaf = cache.match([1, 2]).node._node
     key = history_key(None, 0, np.array([1], dtype=np.uint32).tobytes())
-    policy._ghost[key] = (1, 0, 2)  # a protected run came back
+    policy.history.remember(leaf, 0, 2, (1, 0))  # a protected run came back
     policy.admit(leaf.parent, 2, 5, memoryview(np.array([1, 2], dtype=np.uint32).tobytes()))
-    assert key not in policy._ghost  # the admission recognized the run
+    assert key not in policy.history  # the admission recognized the run
     # that admission cached nothing (no room); a later insert under the same parent (a tier
     # load-back) must not inherit its ghost boundary: probationary, deadline = its last use
     policy.on_insert(leaf, 6)

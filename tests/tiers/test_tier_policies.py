@@ -102,13 +102,12 @@ def _spy(cls):
     log = []
 
     class Spy(cls):
-        def on_evict(self, node, priority):
-            log.append(("evict", node, priority, self.priority(node)))
-            super().on_evict(node, priority)
-
-        def on_remove(self, node):
-            log.append(("remove", node))
-            super().on_remove(node)
+        def on_evict(self, node, pages, rank):
+            if rank is not None:  # a victim (else: a copy promoted or dropped)
+                log.append(("evict", node, rank, self.priority(node)))
+            if pages == node.num_pages:
+                log.append(("remove", node))
+            super().on_evict(node, pages, rank)
 
     if cls.on_victim is not None:
         def on_victim(self, node):
