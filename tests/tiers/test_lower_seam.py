@@ -16,7 +16,7 @@ from radixkv import PrefixCache
 from radixkv.errors import ArgumentTypeError, InvalidBlocksError
 from radixkv.lower import Load, LowerLayer
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def path_key(node) -> tuple:
