@@ -37,12 +37,12 @@ import numpy as np
 from radixkv.errors import ArgumentValueError
 from radixkv.keys import TOKEN_DTYPE
 from radixkv.page_keys import PrefixKeys
-from radixkv.workload.traces import Request
 from radixkv.tree import Node
 
 from .base import EvictionPolicy, Offline
 
 if TYPE_CHECKING:  # pragma: no cover
+    from radixkv.workload.traces import Request  # a policy sees requests, it does not read them
     from radixkv.cache import PrefixCache
 
 NEVER = 1 << 62
