@@ -397,7 +397,7 @@ class ReplayStats:
 
     def detach(self, cache) -> None:
         """Detach the :class:`PageIndex` :meth:`other_pages` attached to ``cache``, if any. O(1)."""
-        if self._index is not None and cache._page_index is self._index:
+        if self._index is not None and cache.page_index is self._index:
             cache.attach_page_index(self._previous_index)
         self._index = self._previous_index = None
 
