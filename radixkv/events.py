@@ -354,6 +354,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AllBlocksCleared", "BlockDemoted", "BlockPromoted", "BlockRemoved", "BlockStored",
     "EVENT_TYPES", "EventLog", "ExternalBlockHash", "KVCacheEvent", "MEDIUM_CPU", "MEDIUM_DISK",
-    "MEDIUM_GPU", "MEDIUM_REMOTE", "PageHashIndex", "PageObserver", "TIER_MEDIUM", "event_field_names",
+    "MEDIUM_GPU", "MEDIUM_REMOTE", "PageHashIndex", "PageObserver", "RecordedCache", "TIER_MEDIUM", "event_field_names",
     "make_event_log",
 ]
