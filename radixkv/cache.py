@@ -26,6 +26,7 @@ from .events import EventLog, KVCacheEvent, make_event_log
 from .hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
 from .lower import LowerLayer
+from .page_hashes import PageHashIndex
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
 from . import victims as _victims
@@ -280,6 +281,9 @@ class PrefixCache:
             self._spill = None  # _evict skips the call
         else:
             lower.bind(self)
+        # block <-> chain hash of every cached page: the recorder's, or attach_page_hashes's
+        self._page_hashes: Optional[PageHashIndex] = self._events.index if self._events is not None else None
+        self._observe()
 
     # ------------------------------------------------------------------ counters
     @property
@@ -819,8 +823,8 @@ class PrefixCache:
             below = sum(c.lock_ref for c in node.children.values()) if node.children else 0
             assert node.lock_ref == own + below, (
                 f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
-        if self._events is not None:
-            self._events.check()
+        if self._page_hashes is not None:
+            self._page_hashes.check(self._tree.nodes())
         if self._lower is not None:
             self._lower.check()
 
@@ -857,10 +861,8 @@ class PrefixCache:
         self._cached = 0
         self._expiry.clear()
         self._expiry_heap.clear()
-        if self._events is not None:
-            self._events.cleared()
-        if self._page_index is not None:
-            self._page_index.cleared()
+        for observer in self._observers:
+            observer.cleared()
         if dropped:
             self._give_back(np.concatenate(dropped))
 
@@ -870,10 +872,13 @@ class PrefixCache:
         The observer (:class:`radixkv.analysis.stats.PageIndex`, which replay's miss reasons
         attach) gets ``stored(leaf)`` for every node of newly cached pages,
         ``removed(blocks)`` before cached blocks leave, and ``cleared()`` on
-        :meth:`reset`. None is attached by default, and then it costs one
-        ``is not None`` test where pages enter or leave. O(1).
+        :meth:`reset` (:class:`radixkv.page_hashes.PageObserver`), after the
+        page-hash index (:meth:`attach_page_hashes`) and the event recorder, which
+        are told through the same seam. With no observer, pages entering or
+        leaving cost one empty loop. O(1).
         """
         previous, self._page_index = self._page_index, index
+        self._observe()
         return previous
 
     @property
@@ -908,10 +913,43 @@ class PrefixCache:
             self._pool.set_state(blocks, HELD)
             self._on_free(blocks)
 
+    def attach_page_hashes(self, hasher: Optional[BlockHasher] = None) -> PageHashIndex:
+        """Keep the page-hash index (block <-> vLLM-compatible chained hash of every cached page)
+        from now on, without recording events; return it.
+
+        :class:`radixkv.adapters.vllm.VLLMBlockView` looks pages up in it. The
+        pages cached now are indexed at once (O(cached pages) hashes), then each
+        page is hashed once, when it enters HBM. A cache that keeps the index
+        already (``enable_events``, or an earlier call) returns it; ``hasher``
+        must then hash alike (same function and seed) or is refused with
+        :class:`ArgumentValueError`.
+        """
+        if hasher is not None and not isinstance(hasher, BlockHasher):
+            raise ArgumentTypeError(f"hasher must be a BlockHasher, got {hasher!r}")
+        index = self._page_hashes
+        if index is None:
+            index = self._page_hashes = PageHashIndex(self.num_blocks, self.page_size, hasher, self._tree.nodes())
+            self._observe()
+        elif hasher is not None and (hasher.hash_function, hasher.hash_seed) != (
+                index.hasher.hash_function, index.hasher.hash_seed):
+            raise ArgumentValueError(f"the cache keeps page hashes with {index.hasher!r} already, got {hasher!r}")
+        return index
+
+    @property
+    def page_hashes(self) -> Optional[PageHashIndex]:
+        """The page-hash index (see :meth:`attach_page_hashes`), or ``None`` when the cache keeps none. O(1)."""
+        return self._page_hashes
+
+    def _observe(self) -> None:
+        """Rebuild the observers told of pages entering and leaving: the hash index (through the
+        event recorder when events are on, which updates it), then the attached page index."""
+        first = self._events if self._events is not None else self._page_hashes
+        self._observers = tuple(o for o in (first, self._page_index) if o is not None)
+
     # ------------------------------------------------------------------ events
     @property
     def event_log(self) -> Optional[EventLog]:
-        """The event recorder and page-hash index, or ``None`` without ``enable_events``."""
+        """The event recorder, or ``None`` without ``enable_events`` (its hashes: :attr:`page_hashes`)."""
         return self._events
 
     def take_events(self) -> List[KVCacheEvent]:
@@ -1027,10 +1065,8 @@ class PrefixCache:
             leaf.lock_ref = 1  # born locked (admit): never queued, so no stale heap entry
         else:
             self._rank(leaf)
-        if self._events is not None:
-            self._events.stored(leaf)
-        if self._page_index is not None:
-            self._page_index.stored(leaf)
+        for observer in self._observers:
+            observer.stored(leaf)
         return leaf
 
     def _admit_pages(self, node: Node, data: bytes, start: int, n: int, now: int) -> int:
@@ -1099,10 +1135,8 @@ class PrefixCache:
                 spill(node, k)
             if on_evict is not None:
                 on_evict(node, k, priority)
-            if self._events is not None:
-                self._events.removed(node.blocks[node.num_pages - k :])
-            if self._page_index is not None:
-                self._page_index.removed(node.blocks[node.num_pages - k :])
+            for observer in self._observers:
+                observer.removed(node.blocks[node.num_pages - k :])
             dropped.append(tree.truncate(node, k))
             self._cached -= k
             self.evicted_blocks += k
@@ -1205,10 +1239,8 @@ class PrefixCache:
             else:
                 self._drop_root_if_unused(parent)
         removed = np.concatenate([n.blocks for n in subtree])
-        if self._events is not None:
-            self._events.removed(removed)
-        if self._page_index is not None:
-            self._page_index.removed(removed)
+        for observer in self._observers:
+            observer.removed(removed)
         freed = []
         on_evict = self._on_evict
         for n in subtree:

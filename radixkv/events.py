@@ -32,26 +32,27 @@ next), dropped from the last tier, refused by a tier's write (never reported
 as stored), failed its checksum, or lost with its remote host.
 
 :class:`EventLog` is the engine-side recorder. A :class:`~radixkv.PrefixCache`
-created with ``enable_events=True`` owns one and calls it at every point where
-pages enter or leave the cache; created without, it holds ``None`` and pays a
-single ``is not None`` test at those points.
+created with ``enable_events=True`` owns one and tells it (one of its page
+observers, :class:`~radixkv.page_hashes.PageObserver`) of every point where
+pages enter or leave the cache; created without, it holds ``None`` and pays
+nothing for it. The recorder takes every hash from the cache's page-hash index
+(:mod:`radixkv.page_hashes`), which a cache can also keep without events.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Tuple, Union
 
 import numpy as np
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .hashing import BlockHash, BlockHasher
 from .keys import TOKEN_DTYPE
+from .page_hashes import PageHashIndex, PageObserver, node_tokens
 from .tree import namespace_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .cache import PrefixCache
     from .tree import Node
 
 ExternalBlockHash = Union[int, bytes]
@@ -174,33 +175,50 @@ def event_field_names(cls: type) -> Tuple[str, ...]:
 
 
 # ------------------------------------------------------------------ recorder
+class RecordedCache(Protocol):
+    """What :class:`EventLog` reads of the cache it records (a :class:`~radixkv.PrefixCache`'s public
+    surface; this module does not import the engine)."""
+
+    num_blocks: int
+    page_size: int
+
+    def nodes(self) -> Iterator["Node"]: ...
+
+    def peek_match(self, tokens: Any, *, namespace: Optional[str] = None) -> Any: ...
+
+
 class EventLog:
-    """Engine-side event recorder and page-hash index of one :class:`~radixkv.PrefixCache`.
+    """Engine-side event recorder of one :class:`~radixkv.PrefixCache`.
 
-    Keeps the chained hash of every cached block (``block -> hash``) and the
-    reverse index (``hash -> block``), so eviction reports hashes in O(1) per
-    page and :class:`radixkv.adapters.vllm.VLLMBlockView` can look pages up by
-    hash. Only the engine mutates it, from the owner thread.
+    It composes the cache's :class:`~radixkv.page_hashes.PageHashIndex`: as the
+    cache's page observer it hands each change to the index, which hashes new
+    pages once and gives back the hashes of pages leaving, and records the
+    event with those hashes. A tier layer reports lower-tier residency through
+    :meth:`lower_tier` (or :meth:`demoted` / :meth:`promoted`), which read the
+    hashes of pages HBM holds from the index and hash only the others. Only the
+    engine and its tier layer call it, from the owner thread.
 
-    Cost: one SHA-256 per stored page (about 3 us a page, pages encoded in
-    bulk), a few C-speed operations per removed page; memory
-    33 bytes per block plus one dict entry per cached page.
+    Cost: the index's (one hash per page entering HBM, a few C-speed operations
+    per page leaving) plus one event per change.
     """
 
-    __slots__ = ("_cache", "hasher", "_events", "_hashes", "_has", "_index")
+    __slots__ = ("_cache", "index", "_events")
 
-    def __init__(self, cache: "PrefixCache", hasher: Optional[BlockHasher] = None) -> None:
+    def __init__(self, cache: RecordedCache, hasher: Optional[BlockHasher] = None) -> None:
         self._cache = cache
-        self.hasher = hasher if hasher is not None else BlockHasher()
+        self.index = PageHashIndex(cache.num_blocks, cache.page_size, hasher, cache.nodes())
+        """The page-hash index the events take their hashes from."""
         self._events: List[KVCacheEvent] = []
-        self._hashes = np.zeros((cache.num_blocks, 32), dtype=np.uint8)  # block -> its page's hash
-        self._has = np.zeros(cache.num_blocks, dtype=bool)
-        self._index: Dict[BlockHash, int] = {}  # hash -> block
 
     # ------------------------------------------------------------ queries
     def __len__(self) -> int:
         """Events waiting to be taken."""
         return len(self._events)
+
+    @property
+    def hasher(self) -> BlockHasher:
+        """The hash function and seed of the events' hashes."""
+        return self.index.hasher
 
     def take(self) -> List[KVCacheEvent]:
         """Every event recorded since the last call, oldest first; clears the log. O(1)."""
@@ -208,59 +226,39 @@ class EventLog:
         return events
 
     def lookup(self, block_hash: BlockHash) -> Optional[int]:
-        """The cached block holding the page with full hash ``block_hash``, or ``None``. O(1)."""
-        return self._index.get(block_hash)
+        """As :meth:`PageHashIndex.lookup <radixkv.page_hashes.PageHashIndex.lookup>`. O(1)."""
+        return self.index.lookup(block_hash)
 
     def block_hash(self, block: int) -> Optional[BlockHash]:
-        """Full hash of the page cached in ``block``, or ``None`` if the block holds no cached page."""
-        if not 0 <= block < len(self._has) or not self._has[block]:
-            return None
-        return self._hashes[block].tobytes()
+        """As :meth:`PageHashIndex.block_hash <radixkv.page_hashes.PageHashIndex.block_hash>`. O(1)."""
+        return self.index.block_hash(block)
 
     def page_hashes(self, node: "Node") -> List[BlockHash]:
-        """Full hashes of every page of ``node``, in order. Cost: O(pages of node), or O(depth) on a miss.
+        """As :meth:`PageHashIndex.page_hashes <radixkv.page_hashes.PageHashIndex.page_hashes>`. O(pages of node)."""
+        return self.index.page_hashes(node)
 
-        Uses the parent's indexed last-page hash when there is one, else
-        recomputes the chain from the root's tokens (pages on another tier).
-        """
-        parent_hash, first = self._parent_hash(node)
-        return self.hasher.chain(self._tokens(node), parent_hash, node.start, namespace_of(node) if first else None)
-
-    # ------------------------------------------------------------ engine hooks
+    # ------------------------------------------------------------ engine hooks (a page observer)
     def stored(self, leaf: "Node") -> None:
         """``leaf`` was just added holding newly cached pages: index them, emit ``BlockStored``."""
-        parent_hash, first = self._parent_hash(leaf)
-        namespace = namespace_of(leaf) if first else None
-        tokens = self._tokens(leaf)
-        hashes = self.hasher.chain(tokens, parent_hash, leaf.start, namespace)
-        blocks = leaf.blocks
-        joined = b"".join(hashes)
-        self._hashes[blocks] = np.frombuffer(joined, dtype=np.uint8).reshape(-1, 32)
-        self._has[blocks] = True
-        self._index.update(zip(hashes, blocks.tolist()))
+        parent_hash, hashes, namespace = self.index.stored(leaf)
         extra = None
         if namespace is not None:
             extra = [(namespace,)] + [None] * (len(hashes) - 1)
+        hasher = self.index.hasher
         self._events.append(BlockStored(
-            self.hasher.event_hashes(hashes),
-            self.hasher.event_hash(parent_hash) if parent_hash is not None else None,
-            tokens.ravel().tolist(), self._cache.page_size, None, MEDIUM_GPU, None, extra))
+            hasher.event_hashes(hashes), hasher.event_hash(parent_hash) if parent_hash is not None else None,
+            node_tokens(leaf, self.index.page_size).ravel().tolist(), self.index.page_size,
+            None, MEDIUM_GPU, None, extra))
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` are about to go back to the pool: unindex them, emit ``BlockRemoved``."""
-        blocks = blocks[self._has[blocks]]  # skip any not indexed
-        if not len(blocks):
-            return
-        raw = self._hashes[blocks].tobytes()
-        self._has[blocks] = False
-        hashes = [raw[i : i + 32] for i in range(0, len(raw), 32)]
-        deque(map(self._index.__delitem__, hashes), maxlen=0)
-        self._events.append(BlockRemoved(self.hasher.event_hashes(hashes), MEDIUM_GPU))
+        hashes = self.index.removed(blocks)
+        if hashes:
+            self._events.append(BlockRemoved(self.index.hasher.event_hashes(hashes), MEDIUM_GPU))
 
     def cleared(self) -> None:
         """Every page was dropped: clear the index, emit ``AllBlocksCleared``."""
-        self._has[:] = False
-        self._index.clear()
+        self.index.cleared()
         self._events.append(AllBlocksCleared())
 
     # ------------------------------------------------------------ tier hooks
@@ -269,7 +267,8 @@ class EventLog:
 
         Call while ``node`` still holds those pages (a tier layer's spill hook
         runs before the engine truncates). The HBM index is the engine's
-        business and is not touched here. Cost: O(pages of node) hashes.
+        business and is not touched here. Cost: O(pages of node), the hashes
+        read from the index.
         """
         self._move(BlockDemoted, node, pages, medium, source_medium)
 
@@ -282,14 +281,19 @@ class EventLog:
             raise ArgumentValueError(f"pages must be a range within the node's {node.num_pages} pages, got {pages!r}")
         if not len(pages):
             return
-        hashes = self.page_hashes(node)
+        index = self.index
+        hashes = index.page_hashes(node)
         start, stop = pages.start, pages.stop
-        parent = hashes[start - 1] if start > 0 else self._parent_hash(node)[0]
-        tokens = self._tokens(node)[start:stop]
+        parent = hashes[start - 1] if start > 0 else index.parent_hash(node)[0]
+        self._record_move(cls, hashes[start:stop], parent, node_tokens(node, index.page_size)[start:stop],
+                          medium, source_medium)
+
+    def _record_move(self, cls: type, hashes: List[BlockHash], parent: Optional[BlockHash], tokens: np.ndarray,
+                     medium: str, source_medium: str) -> None:
+        hasher = self.index.hasher
         self._events.append(cls(
-            self.hasher.event_hashes(hashes[start:stop]),
-            self.hasher.event_hash(parent) if parent is not None else None,
-            tokens.ravel().tolist(), self._cache.page_size, medium, source_medium))
+            hasher.event_hashes(hashes), hasher.event_hash(parent) if parent is not None else None,
+            tokens.ravel().tolist(), self.index.page_size, medium, source_medium))
 
     def lower_tier(self, kind: str, root: "Node", data: bytes, start: int, *, medium: str,
                    source_medium: str = MEDIUM_GPU) -> None:
@@ -299,82 +303,33 @@ class EventLog:
         the engine's namespace root ``root``. ``kind`` ``"stored"`` emits
         :class:`BlockDemoted` (copied from ``source_medium``), ``"removed"``
         :class:`BlockRemoved` and ``"promoted"`` :class:`BlockPromoted` (the
-        pages moved up to the GPU). The chain continues from the indexed hash
-        of page ``start - 1`` when HBM holds it (a C-speed walk), else it is
-        hashed from the sequence's first page. Cost: O(pages changed) hashes,
-        O(pages of data) when the page before them is not in HBM.
+        pages moved up to the GPU). The hashes of the leading pages HBM holds
+        are read from the index (:meth:`~radixkv.PrefixCache.peek_match`, which
+        touches nothing); only the pages after them are hashed. Cost: a C-speed
+        walk of ``data`` plus one hash per page from the deepest page HBM holds
+        (none when HBM holds them all).
         """
-        size = self._cache.page_size
-        tokens = np.frombuffer(data, dtype=TOKEN_DTYPE).reshape(-1, size)
-        namespace = namespace_of(root)
-        parent = self._hbm_page_hash(root, data, start) if start else None
-        if parent is None and start:
-            hashes = self.hasher.chain(tokens, None, 0, namespace)
-            parent, hashes = hashes[start - 1], hashes[start:]
-        else:
-            hashes = self.hasher.chain(tokens[start:], parent, start, namespace)
-        ints = self.hasher.event_hashes(hashes)
-        if kind == "removed":
-            self._events.append(BlockRemoved(ints, medium))
-            return
-        parent_int = self.hasher.event_hash(parent) if parent is not None else None
-        pages = tokens[start:].ravel().tolist()
-        if kind == "stored":
-            self._events.append(BlockDemoted(ints, parent_int, pages, size, medium, source_medium))
-        elif kind == "promoted":
-            self._events.append(BlockPromoted(ints, parent_int, pages, size, MEDIUM_GPU, medium))
-        else:
+        if kind not in ("stored", "removed", "promoted"):
             raise ArgumentValueError(f"kind must be 'stored', 'removed' or 'promoted', got {kind!r}")
-
-    def _hbm_page_hash(self, root: "Node", data: bytes, pos: int) -> Optional[BlockHash]:
-        """The indexed hash of page ``pos - 1`` of ``data`` under ``root`` if HBM holds it, else ``None``."""
-        node, end, child, common = self._cache._tree.walk(root, data, pos)
-        holder = node if end == pos else child if end + common == pos else None
-        if holder is None or holder.parent is None:
-            return None
-        return self.block_hash(int(holder.blocks[pos - 1 - holder.start]))
+        index = self.index
+        tokens = np.frombuffer(data, dtype=TOKEN_DTYPE).reshape(-1, index.page_size)
+        namespace = namespace_of(root)
+        held = self._cache.peek_match(tokens.ravel(), namespace=namespace).blocks
+        parent, hashes = index.path_hashes(tokens, namespace, start, held)
+        if kind == "removed":
+            self._events.append(BlockRemoved(index.hasher.event_hashes(hashes), medium))
+        elif kind == "stored":
+            self._record_move(BlockDemoted, hashes, parent, tokens[start:], medium, source_medium)
+        else:
+            self._record_move(BlockPromoted, hashes, parent, tokens[start:], MEDIUM_GPU, medium)
 
     # ------------------------------------------------------------ checks
     def check(self) -> None:
-        """O(cached pages) check: every cached block is indexed under its recomputed chain hash."""
-        cache = self._cache
-        expected: Dict[int, BlockHash] = {}
-        for node in cache.nodes():
-            parent = node.parent
-            parent_hash = None if parent.parent is None else expected.get(int(parent.blocks[-1]))
-            if parent.parent is not None and parent_hash is None:
-                parent_hash = self.page_hashes(parent)[-1]
-            first = parent.parent is None
-            hashes = self.hasher.chain(self._tokens(node), parent_hash, node.start,
-                                       namespace_of(node) if first else None)
-            for block, h in zip(node.blocks.tolist(), hashes):
-                expected[block] = h
-        for block, h in expected.items():
-            assert self.block_hash(block) == h, (
-                f"block {block}: indexed hash {self.block_hash(block)!r} != chain hash {h!r}")
-            assert self._index.get(h) == block, f"hash of block {block} not indexed to it"
-        stray = [b for b in np.flatnonzero(self._has).tolist() if b not in expected]
-        assert not stray, f"blocks {stray[:10]} are indexed but not cached"
-        assert len(self._index) == len(expected), (
-            f"index holds {len(self._index)} hashes for {len(expected)} cached pages")
-
-    # ------------------------------------------------------------ internals
-    def _tokens(self, node: "Node") -> np.ndarray:
-        n = node.num_pages
-        return np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=n * self._cache.page_size).reshape(n, -1)
-
-    def _parent_hash(self, node: "Node") -> Tuple[Optional[BlockHash], bool]:
-        """(hash of the page before ``node``'s first, whether ``node`` starts its sequence)."""
-        parent = node.parent
-        if parent.parent is None:
-            return None, True
-        h = self.block_hash(int(parent.blocks[-1])) if parent.num_pages else None
-        if h is None:
-            h = self.page_hashes(parent)[-1]
-        return h, False
+        """O(cached pages) check of the index: every cached block is indexed under its recomputed chain hash."""
+        self.index.check(self._cache.nodes())
 
 
-def make_event_log(cache: "PrefixCache", enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:
+def make_event_log(cache: RecordedCache, enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:
     """The :class:`EventLog` for ``PrefixCache(enable_events=...)``: ``None`` when disabled.
 
     ``enable_events`` is a bool, or a :class:`~radixkv.hashing.BlockHasher`
@@ -399,5 +354,6 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AllBlocksCleared", "BlockDemoted", "BlockPromoted", "BlockRemoved", "BlockStored",
     "EVENT_TYPES", "EventLog", "ExternalBlockHash", "KVCacheEvent", "MEDIUM_CPU", "MEDIUM_DISK",
-    "MEDIUM_GPU", "MEDIUM_REMOTE", "TIER_MEDIUM", "event_field_names", "make_event_log",
+    "MEDIUM_GPU", "MEDIUM_REMOTE", "PageHashIndex", "PageObserver", "RecordedCache", "TIER_MEDIUM", "event_field_names",
+    "make_event_log",
 ]

@@ -9,10 +9,12 @@ The hashes are :mod:`radixkv.hashing`'s: with the cache's default
 for the same block size and ``cache_salt`` (radixkv's namespace, hashed as
 vLLM's tagged ``("cache_salt", salt)`` key). A vLLM using another
 ``--prefix-caching-hash-algo`` or ``PYTHONHASHSEED`` needs the matching
-``PrefixCache(enable_events=BlockHasher(hash_fn, hash_seed))``.
+``cache.attach_page_hashes(BlockHasher(hash_fn, hash_seed))`` (or
+``PrefixCache(enable_events=BlockHasher(hash_fn, hash_seed))``).
 
 >>> from radixkv import PrefixCache
->>> cache = PrefixCache(num_blocks=8, page_size=2, enable_events=True)
+>>> cache = PrefixCache(num_blocks=8, page_size=2)
+>>> _ = cache.attach_page_hashes()   # or PrefixCache(..., enable_events=True)
 >>> cache.admit([5, 6, 7, 8], namespace="tenant-a").release()
 >>> view = VLLMBlockView(cache)
 >>> hashes = view.block_hashes([5, 6, 7, 8], cache_salt="tenant-a")
@@ -36,21 +38,24 @@ from ..hashing import BlockHash
 class VLLMBlockView:
     """Read-only lookup of ``cache``'s pages by vLLM-compatible block hash.
 
-    Needs a cache created with ``enable_events=True`` (the event log keeps
-    the hash index). Lookups do not count as uses (no LRU touch) and do not
-    protect anything: to use the blocks, ``match`` and ``lock`` through the cache.
+    Reads the cache's page-hash index (:attr:`PrefixCache.page_hashes`): the
+    cache must keep one, after :meth:`PrefixCache.attach_page_hashes` or when
+    created with ``enable_events``. Lookups do not count as uses (no LRU touch)
+    and do not protect anything: to use the blocks, ``match`` and ``lock``
+    through the cache.
     """
 
-    __slots__ = ("_cache", "_log")
+    __slots__ = ("_cache", "_index")
 
     def __init__(self, cache: PrefixCache) -> None:
         if not isinstance(cache, PrefixCache):
             raise ArgumentTypeError(f"cache must be a PrefixCache, got {cache!r}")
-        if cache.event_log is None:
+        if cache.page_hashes is None:
             raise ArgumentValueError(
-                "VLLMBlockView needs a cache created with enable_events=True (it keeps the hash index)")
+                "VLLMBlockView needs the cache's page-hash index: call cache.attach_page_hashes() "
+                "(or create the cache with enable_events=True)")
         self._cache = cache
-        self._log = cache.event_log
+        self._index = cache.page_hashes
 
     @property
     def block_size(self) -> int:
@@ -65,16 +70,16 @@ class VLLMBlockView:
         inputs; ``cache_salt=""`` is radixkv's namespace ``""`` (vLLM would
         treat an empty salt as none).
         """
-        return self._log.hasher.hash_pages(tokens, self._cache.page_size, namespace=cache_salt)
+        return self._index.hasher.hash_pages(tokens, self._cache.page_size, namespace=cache_salt)
 
     def get_cached_block(self, block_hash: BlockHash) -> Optional[int]:
         """The block caching the page with this hash, or ``None``. O(1)."""
         if not isinstance(block_hash, (bytes, bytearray)):
             raise ArgumentTypeError(f"block_hash must be the full hash bytes, got {block_hash!r}")
-        return self._log.lookup(bytes(block_hash))
+        return self._index.lookup(bytes(block_hash))
 
     def __contains__(self, block_hash: object) -> bool:
-        return isinstance(block_hash, (bytes, bytearray)) and self._log.lookup(bytes(block_hash)) is not None
+        return isinstance(block_hash, (bytes, bytearray)) and self._index.lookup(bytes(block_hash)) is not None
 
     def find_longest_cache_hit(self, block_hashes: Sequence[BlockHash]) -> List[int]:
         """Blocks of the longest run of ``block_hashes``, from the first, that is cached.

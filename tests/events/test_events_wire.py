@@ -163,7 +163,7 @@ def run_prediction(cache: PrefixCache, requests, hashes_of, router_decode=decode
                 if seq is not None:
                     router.sync(seq)
             cache.check()
-            index = cache.event_log._index  # every cached page, by full hash
+            index = cache.page_hashes  # every cached page, by full hash
             as_events = cache.event_log.hasher.event_hashes(list(index))
             assert router.cached[("GPU", None)] == set(as_events)
             stats["replays"] = router.replays
