@@ -23,10 +23,10 @@ from . import policies as _policies
 from .errors import (
     ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError)
 from .events import EventLog, KVCacheEvent, make_event_log
-from .hashing import BlockHasher
+from .events.hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
 from .lower import LowerLayer
-from .page_hashes import PageHashIndex
+from .events.page_hashes import PageHashIndex
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
 from . import victims as _victims
@@ -216,7 +216,7 @@ class PrefixCache:
             ``None`` keeps no payload (pure simulation).
         dtype: payload dtype.
         enable_events: record KV events (:mod:`radixkv.events`) for :meth:`take_events`;
-            a :class:`~radixkv.hashing.BlockHasher` also picks the hash function and seed.
+            a :class:`~radixkv.events.hashing.BlockHasher` also picks the hash function and seed.
             Off by default, and then free.
         on_free: the free-block sink (see :attr:`on_free`); ``None`` keeps freed blocks on
             the pool's free list.
@@ -872,7 +872,7 @@ class PrefixCache:
         The observer (:class:`radixkv.analysis.stats.PageIndex`, which replay's miss reasons
         attach) gets ``stored(leaf)`` for every node of newly cached pages,
         ``removed(blocks)`` before cached blocks leave, and ``cleared()`` on
-        :meth:`reset` (:class:`radixkv.page_hashes.PageObserver`), after the
+        :meth:`reset` (:class:`radixkv.events.page_hashes.PageObserver`), after the
         page-hash index (:meth:`attach_page_hashes`) and the event recorder, which
         are told through the same seam. With no observer, pages entering or
         leaving cost one empty loop. O(1).

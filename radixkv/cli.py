@@ -242,7 +242,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     Capacity: exactly one of --num-blocks, --max-total-tokens, --kv-cache-memory.
     With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the table and
     the JSON then add hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
-    from .events_wire import publish_from
+    from .events.wire import publish_from
     from .tiers.config import build_cache
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
@@ -371,7 +371,7 @@ def kv_events_publisher(endpoint: Optional[str], replay_endpoint: Optional[str],
         if replay_endpoint is not None:
             raise click.UsageError("--kv-events-replay-endpoint needs --kv-events-endpoint")
         return None
-    from .events_wire import ZmqEventPublisher
+    from .events.wire import ZmqEventPublisher
 
     try:
         return ZmqEventPublisher(endpoint, replay_endpoint=replay_endpoint,

@@ -3,8 +3,8 @@
 vLLM v1 finds cached blocks by chained block hash
 (``BlockPool.get_cached_block``, ``find_longest_cache_hit``); routers and KV
 connectors that speak those hashes can ask radixkv the same questions here.
-The hashes are :mod:`radixkv.hashing`'s: with the cache's default
-:class:`~radixkv.hashing.BlockHasher` they equal the block hashes of a vLLM
+The hashes are :mod:`radixkv.events.hashing`'s: with the cache's default
+:class:`~radixkv.events.hashing.BlockHasher` they equal the block hashes of a vLLM
 0.33.0 started with default settings (``sha256``, ``PYTHONHASHSEED`` unset)
 for the same block size and ``cache_salt`` (radixkv's namespace, hashed as
 vLLM's tagged ``("cache_salt", salt)`` key). A vLLM using another
@@ -32,7 +32,7 @@ import numpy as np
 
 from ..cache import PrefixCache
 from ..errors import ArgumentTypeError, ArgumentValueError
-from ..hashing import BlockHash
+from ..events.hashing import BlockHash
 
 
 class VLLMBlockView:

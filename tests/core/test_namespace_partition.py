@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from radixkv import PrefixCache
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockRemoved, BlockStored
-from radixkv.hashing import BlockHasher, external_block_hashes, namespace_extra_keys
+from radixkv.events.hashing import BlockHasher, external_block_hashes, namespace_extra_keys
 from radixkv.policies import AdaptiveRetention, S3FIFO, TwoQ, available, create
 from radixkv.tiers import HostTier, RemoteTier, TieredCache
 from radixkv.workload.traces import Request

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from radixkv import PrefixCache
 from radixkv.errors import ArgumentValueError, RadixKVError
-from radixkv.hashing import BlockHasher
+from radixkv.events.hashing import BlockHasher
 from radixkv.tiers import HostTier, TieredCache
 
 from ..strategies import snapshot

@@ -19,7 +19,7 @@ from radixkv import PrefixCache
 from radixkv.adapters.sglang import RadixKey, RadixKVCache, namespace_of
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockStored
-from radixkv.hashing import BlockHasher, external_block_hash
+from radixkv.events.hashing import BlockHasher, external_block_hash
 from radixkv.testing import RadixKVTarget
 from radixkv.tiers import HostTier, RemoteTier, TieredCache
 

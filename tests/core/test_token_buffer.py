@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import ArgumentTypeError, ArgumentValueError, InvalidTokensError, PrefixCache, TokenBuffer
-from radixkv.hashing import BlockHasher
+from radixkv.events.hashing import BlockHasher
 from radixkv.keys import as_tokens
 
 from ..strategies import snapshot

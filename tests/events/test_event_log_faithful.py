@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from radixkv.events import (
     MEDIUM_GPU, TIER_MEDIUM, AllBlocksCleared, BlockDemoted, BlockPromoted, BlockRemoved, BlockStored, KVCacheEvent,
 )
-from radixkv.hashing import BlockHasher, external_block_hash
+from radixkv.events.hashing import BlockHasher, external_block_hash
 from radixkv.keys import TOKEN_DTYPE
 from radixkv.tiers import HostTier, RemoteTier, SimulatedHosts, TieredCache
 from radixkv.tiers.base import Copy

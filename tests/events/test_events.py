@@ -23,7 +23,7 @@ from radixkv.events import (
     EventLog,
     event_field_names,
 )
-from radixkv.hashing import (
+from radixkv.events.hashing import (
     BlockHasher,
     cbor_dumps,
     external_block_hash,

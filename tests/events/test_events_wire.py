@@ -17,8 +17,8 @@ import zmq
 from radixkv import PrefixCache
 from radixkv import events as rk_events
 from radixkv.events import AllBlocksCleared, BlockDemoted, BlockPromoted, BlockRemoved, BlockStored
-from radixkv.events_wire import ZmqEventPublisher, encode_batch, publish_from, to_vllm_events
-from radixkv.hashing import BlockHasher
+from radixkv.events.wire import ZmqEventPublisher, encode_batch, publish_from, to_vllm_events
+from radixkv.events.hashing import BlockHasher
 from radixkv.workload.traces import TraceReader
 
 from ..shared_traces import CONVERSATION

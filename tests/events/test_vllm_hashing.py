@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from radixkv import PrefixCache
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockRemoved, BlockStored
-from radixkv.hashing import BlockHasher, external_block_hash, namespace_extra_keys, vllm_extra_keys
+from radixkv.events.hashing import BlockHasher, external_block_hash, namespace_extra_keys, vllm_extra_keys
 
 from . import vllm_router
 from .vllm_router import vllm_hash as _vllm_hash

@@ -17,8 +17,8 @@ import pytest
 
 from radixkv import PrefixCache
 from radixkv.events import AllBlocksCleared, BlockDemoted, BlockRemoved, BlockStored
-from radixkv.events_wire import encode_batch, to_vllm_events
-from radixkv.hashing import BlockHasher, vllm_extra_keys
+from radixkv.events.wire import encode_batch, to_vllm_events
+from radixkv.events.hashing import BlockHasher, vllm_extra_keys
 from radixkv.workload.traces import TraceReader
 
 from ..shared_traces import CONVERSATION

@@ -7,7 +7,7 @@ lora_id, medium)``, ``BlockRemoved(block_hashes, medium)``,
 adds ``lora_name`` and ``extra_keys`` to ``BlockStored``; so a consumer written
 for either (Dynamo's KV router, say) reads radixkv's events unchanged.
 Hashes are the 64-bit integer form of radixkv's vLLM-compatible chained page
-hashes (:func:`radixkv.hashing.external_block_hash`), or the full hash bytes
+hashes (:func:`radixkv.events.hashing.external_block_hash`), or the full hash bytes
 with ``BlockHasher(use_int_block_hashes=False)``.
 
 Residency on the device is reported by the engine itself: ``BlockStored``
@@ -33,10 +33,10 @@ as stored), failed its checksum, or lost with its remote host.
 
 :class:`EventLog` is the engine-side recorder. A :class:`~radixkv.PrefixCache`
 created with ``enable_events=True`` owns one and tells it (one of its page
-observers, :class:`~radixkv.page_hashes.PageObserver`) of every point where
+observers, :class:`~radixkv.events.page_hashes.PageObserver`) of every point where
 pages enter or leave the cache; created without, it holds ``None`` and pays
 nothing for it. The recorder takes every hash from the cache's page-hash index
-(:mod:`radixkv.page_hashes`), which a cache can also keep without events.
+(:mod:`radixkv.events.page_hashes`), which a cache can also keep without events.
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol,
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from .hashing import BlockHash, BlockHasher
-from .keys import TOKEN_DTYPE
+from ..keys import TOKEN_DTYPE
 from .page_hashes import PageHashIndex, PageObserver, node_tokens
-from .tree import namespace_of
+from ..tree import namespace_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .tree import Node
+    from ..tree import Node
 
 ExternalBlockHash = Union[int, bytes]
 
@@ -190,7 +190,7 @@ class RecordedCache(Protocol):
 class EventLog:
     """Engine-side event recorder of one :class:`~radixkv.PrefixCache`.
 
-    It composes the cache's :class:`~radixkv.page_hashes.PageHashIndex`: as the
+    It composes the cache's :class:`~radixkv.events.page_hashes.PageHashIndex`: as the
     cache's page observer it hands each change to the index, which hashes new
     pages once and gives back the hashes of pages leaving, and records the
     event with those hashes. A tier layer reports lower-tier residency through
@@ -226,15 +226,15 @@ class EventLog:
         return events
 
     def lookup(self, block_hash: BlockHash) -> Optional[int]:
-        """As :meth:`PageHashIndex.lookup <radixkv.page_hashes.PageHashIndex.lookup>`. O(1)."""
+        """As :meth:`PageHashIndex.lookup <radixkv.events.page_hashes.PageHashIndex.lookup>`. O(1)."""
         return self.index.lookup(block_hash)
 
     def block_hash(self, block: int) -> Optional[BlockHash]:
-        """As :meth:`PageHashIndex.block_hash <radixkv.page_hashes.PageHashIndex.block_hash>`. O(1)."""
+        """As :meth:`PageHashIndex.block_hash <radixkv.events.page_hashes.PageHashIndex.block_hash>`. O(1)."""
         return self.index.block_hash(block)
 
     def page_hashes(self, node: "Node") -> List[BlockHash]:
-        """As :meth:`PageHashIndex.page_hashes <radixkv.page_hashes.PageHashIndex.page_hashes>`. O(pages of node)."""
+        """As :meth:`PageHashIndex.page_hashes <radixkv.events.page_hashes.PageHashIndex.page_hashes>`. O(pages of node)."""
         return self.index.page_hashes(node)
 
     # ------------------------------------------------------------ engine hooks (a page observer)
@@ -332,7 +332,7 @@ class EventLog:
 def make_event_log(cache: RecordedCache, enable_events: Union[bool, BlockHasher]) -> Optional[EventLog]:
     """The :class:`EventLog` for ``PrefixCache(enable_events=...)``: ``None`` when disabled.
 
-    ``enable_events`` is a bool, or a :class:`~radixkv.hashing.BlockHasher`
+    ``enable_events`` is a bool, or a :class:`~radixkv.events.hashing.BlockHasher`
     to choose the hash function and seed (enables events).
     """
     if isinstance(enable_events, BlockHasher):
@@ -340,15 +340,6 @@ def make_event_log(cache: RecordedCache, enable_events: Union[bool, BlockHasher]
     if not isinstance(enable_events, bool):
         raise ArgumentTypeError(f"enable_events must be a bool or a BlockHasher, got {enable_events!r}")
     return EventLog(cache) if enable_events else None
-
-
-def __getattr__(name: str) -> Any:
-    """``ZmqEventPublisher`` and ``publish_from`` live in :mod:`radixkv.events_wire` (it needs pyzmq)."""
-    if name in ("ZmqEventPublisher", "publish_from"):
-        from . import events_wire
-
-        return getattr(events_wire, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [

@@ -40,8 +40,8 @@ from typing import Any, Callable, Hashable, List, Optional, Sequence, Tuple, Uni
 
 import numpy as np
 
-from .errors import ArgumentTypeError, ArgumentValueError
-from .keys import as_tokens, check_namespace, check_positive_int
+from ..errors import ArgumentTypeError, ArgumentValueError
+from ..keys import as_tokens, check_namespace, check_positive_int
 
 BlockHash = bytes
 """A full block hash: 32 bytes of SHA-256 (vLLM's ``BlockHash``)."""

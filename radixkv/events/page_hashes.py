@@ -1,7 +1,7 @@
 """The page-hash index: the chained hash of every page cached in HBM, both ways.
 
 radixkv finds pages by token prefix; vLLM, its routers and its KV connectors
-find them by chained block hash (:mod:`radixkv.hashing`). A
+find them by chained block hash (:mod:`radixkv.events.hashing`). A
 :class:`PageHashIndex` keeps ``block -> hash`` and ``hash -> block`` for every
 cached block, so the event recorder (:class:`radixkv.events.EventLog`) reports
 a page's hash without hashing it again and
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Dict, Hashable, Iterable, Iterator, List, Opti
 
 import numpy as np
 
-from .errors import ArgumentTypeError
+from ..errors import ArgumentTypeError
 from .hashing import BlockHash, BlockHasher
-from .keys import TOKEN_DTYPE
-from .tree import namespace_of
+from ..keys import TOKEN_DTYPE
+from ..tree import namespace_of
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .tree import Node
+    from ..tree import Node
 
 
 class PageObserver(Protocol):

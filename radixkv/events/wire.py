@@ -18,7 +18,7 @@ subscriber written for vLLM subscribes to a radixkv cache unchanged:
   buffered batch from there on, then the end marker ``(b"", -1, b"")``.
 
 Hashes go out as the cache recorded them (see
-:class:`~radixkv.hashing.BlockHasher`): 64-bit ints by default, as vLLM 0.33.0
+:class:`~radixkv.events.hashing.BlockHasher`): 64-bit ints by default, as vLLM 0.33.0
 with its default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, or the full hash
 bytes with ``BlockHasher(use_int_block_hashes=False)``. radixkv's tier moves
 become vLLM's offloading events: ``BlockStored``/``BlockRemoved`` on medium
@@ -36,8 +36,8 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from .errors import ArgumentTypeError, ArgumentValueError
-from .events import (
+from ..errors import ArgumentTypeError, ArgumentValueError
+from .log import (
     AllBlocksCleared,
     BlockDemoted,
     BlockPromoted,
