@@ -994,9 +994,13 @@ class PrefixCache:
             got = load.pages
             if not got:
                 return node, pos
-            free = self._pool.num_free
-            if got > free:
-                self._evict(got - free)
+            try:
+                free = self._pool.num_free
+                if got > free:
+                    self._evict(got - free)
+            except BaseException:  # a tier's spill raised: the loaded pages have nowhere to go
+                lower.cancel_load(load, root, data, pos)
+                raise
             blocks = self._pool.take(got)
             if load.payload is not None:
                 self._pool.data[blocks] = load.payload

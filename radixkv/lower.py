@@ -104,6 +104,12 @@ class LowerLayer:
     def complete_load(self, load: Load, use: bool) -> None:
         """The pages of ``load`` are cached in HBM now."""
 
+    def cancel_load(self, load: Load, root: Root, data: bytes, pos: int) -> None:
+        """The engine could not cache the pages of ``load`` (pages ``pos..`` of ``data`` under HBM
+        ``root``): making room for them raised. A layer that gave its copies up in
+        :meth:`prepare_load` must forget what only they led to, so that nothing it keeps hangs
+        below a page no tier holds. Costs a recompute of those pages, never a wrong answer."""
+
     # ------------------------------------------------------------------ tree
     def split(self, upper: Node, lower: Node) -> None:
         """HBM node ``lower`` was cut: ``upper`` is its new first part (see :meth:`RadixTree.split`)."""

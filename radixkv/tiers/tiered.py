@@ -307,6 +307,13 @@ class TierLayer(LowerLayer):
             for name, pages in load.receipt:
                 self.hit_pages[name] += pages
 
+    def cancel_load(self, load: Load, root: Node, data: bytes, pos: int) -> None:
+        """Under write-back the fetch gave the lower copies up: forget every copy from page ``pos``
+        down, which only those pages led to (write-through kept its copies: nothing to do)."""
+        if self.exclusive:
+            self.stack.discard(root, data, pos)
+            self.report()
+
     def plan(self, run: List[Node], pos: int, room: int, use: bool = True) -> int:
         """Pages of ``run`` to load: whole same-tier segments while loading beats recomputing.
 

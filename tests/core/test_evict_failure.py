@@ -48,6 +48,23 @@ def test_a_failed_spill_leaks_no_block_and_no_lock():
     assert_consistent(cache)
 
 
+def test_a_spill_failing_while_a_load_back_makes_room_strands_no_lower_copy():
+    # Pages (0, 0) and (0, 0, 0, 0) live only in the host tier; loading (0, 0) back takes its
+    # host copy (write-back), then making room in HBM fails: the page is lost from both tiers,
+    # and the host copy of the page below it must go too (no lookup could ever reach it).
+    cache = FailingSpill(6, page_size=2, kv_shape=(1,), dtype="float32", tiers=[HostTier(6)])
+    cache.fail_at = 6
+    for tokens in ([0, 0, 0, 0], [0, 2, 0, 0], [0, 0], [0, 1, 0, 0, 0, 0, 0, 0], [0, 3, 0, 0, 0, 0]):
+        cache.admit(np.array(tokens)).release()
+        assert_consistent(cache)
+    with pytest.raises(SpillFailure):
+        cache.admit(np.array([0, 0]))
+    assert_consistent(cache)
+    assert cache.peek([0, 0, 0, 0]) == (0, 0)  # lost: recomputed next time, never served stale
+    cache.admit(np.array([0, 0, 0, 0])).release()
+    assert_consistent(cache)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 5), min_size=2, max_size=12), min_size=1, max_size=25),
        st.integers(1, 30))
