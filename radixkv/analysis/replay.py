@@ -24,6 +24,10 @@ READ_AHEAD = 256
 """Requests replay reads ahead with miss reasons on, to key their pages in one batch
 (:meth:`radixkv.analysis.stats.ReplayStats.prepare`)."""
 
+READ_AHEAD_TOKENS = 1 << 18
+"""...and at most this many prompt tokens (a batch ends with the request that reaches it): long
+prompts are keyed in smaller batches, so reading ahead holds a few MB, not hundreds of prompts."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
@@ -189,21 +193,24 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
 
 def _prepared(requests: Iterable, stats: ReplayStats) -> Iterator:
     """``requests`` in order, each batch of :data:`READ_AHEAD` handed to ``stats.prepare`` first."""
-    for batch in _batches(requests, READ_AHEAD):
+    for batch in _batches(requests, READ_AHEAD, READ_AHEAD_TOKENS):
         stats.prepare(batch)
         yield from batch
 
 
-def _batches(requests: Iterable, size: int) -> Iterator[List]:
-    """Lists of up to ``size`` consecutive items of ``requests``. An exception from reading (a bad
-    trace line) is raised after the items read before it are yielded, where reading one at a
-    time would raise it."""
+def _batches(requests: Iterable, size: int, max_tokens: int) -> Iterator[List]:
+    """Lists of up to ``size`` consecutive items of ``requests``, ending early at the item that
+    brings its prompt tokens to ``max_tokens``. An exception from reading (a bad trace line) is
+    raised after the items read before it are yielded, where reading one at a time would raise it."""
     it = iter(requests)
     while True:
         batch: List = []
+        tokens = 0
         try:
-            for _ in range(size):
-                batch.append(next(it))
+            while len(batch) < size and tokens < max_tokens:
+                request = next(it)
+                batch.append(request)
+                tokens += len(request.tokens)
         except StopIteration:
             if batch:
                 yield batch

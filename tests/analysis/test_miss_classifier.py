@@ -88,10 +88,10 @@ def request(tokens: list, namespace, as_list: bool) -> Request:
 
 @given(trace=traces(), page_size=st.integers(1, 3), num_blocks=st.integers(1, 12),
        declines=st.booleans(), tiered=st.booleans(), warm=st.integers(0, 3), read_ahead=st.integers(1, 7),
-       unbatched=st.sets(st.integers(0, 39), max_size=6))
+       read_ahead_tokens=st.sampled_from([1, 9, 1 << 18]), unbatched=st.sets(st.integers(0, 39), max_size=6))
 @settings(deadline=None)
 def test_classifier_equals_the_reference(trace, page_size, num_blocks, declines, tiered, warm, read_ahead,
-                                         unbatched):
+                                         read_ahead_tokens, unbatched):
     policy = DeclineOdd() if declines else "lru"
     cache = (TieredCache(num_blocks, page_size, tiers=[HostTier(4)], policy=policy) if tiered
              else PrefixCache(num_blocks, page_size, policy=policy))
@@ -108,7 +108,8 @@ def test_classifier_equals_the_reference(trace, page_size, num_blocks, declines,
             depths.append(other_depth(cache, tokens, namespace, namespaces))
 
     records = []
-    with mock.patch.object(replay_module, "READ_AHEAD", read_ahead):
+    with mock.patch.object(replay_module, "READ_AHEAD", read_ahead), \
+            mock.patch.object(replay_module, "READ_AHEAD_TOKENS", read_ahead_tokens):
         result = replay(requests, cache, on_request=before_next, on_record=records.append)
     reference = Reference(page_size)
     for i, ((tokens, namespace), record) in enumerate(zip(trace, records)):
