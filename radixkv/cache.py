@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -117,18 +118,17 @@ class Admission:
         node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_cache", "_released", "_aborted", "_record")
+    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_finish", "_released", "_aborted")
 
-    def __init__(self, cache: "PrefixCache", hit_tokens: int, blocks: np.ndarray,
-                 new_blocks: np.ndarray, node: NodeHandle, record: Any = None) -> None:
+    def __init__(self, hit_tokens: int, blocks: np.ndarray, new_blocks: np.ndarray, node: NodeHandle,
+                 finish: Callable[[bool], None]) -> None:
         self.hit_tokens = hit_tokens
         self.blocks = blocks
         self.new_blocks = new_blocks
         self.node = node
-        self._cache = cache
+        self._finish = finish  # the engine's end of this admission: finish(aborted)
         self._released = False
         self._aborted = False
-        self._record = record  # the lower layer's record of the new pages' write (LowerLayer.admitted)
 
     @property
     def released(self) -> bool:
@@ -145,10 +145,7 @@ class Admission:
         nothing. O(depth)."""
         if not self._released:
             self._released = True
-            if self._record is None:
-                self._cache._release_admission(self.node._node)
-            else:
-                self._cache._end_write(self._record, self.node._node)
+            self._finish(False)
 
     def abort(self) -> None:
         """End the admission without its KV: uncache its new pages, keep the matched ones.
@@ -168,11 +165,7 @@ class Admission:
         """
         if not self._released:
             self._released = self._aborted = True
-            try:
-                if self._record is not None:
-                    self._cache._end_write(self._record, None)
-            finally:  # the admission ends whatever the lower layer did
-                self._cache._abort_admission(self.node._node, self.hit_tokens // self._cache.page_size)
+            self._finish(True)
 
     def __enter__(self) -> "Admission":
         return self
@@ -735,7 +728,8 @@ class PrefixCache:
         record = None
         if self._lower is not None and len(new):
             record = self._lower.admitted(self._tree.find_root(namespace), data, pos, new)
-        return Admission(self, pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen), record)
+        return Admission(pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen),
+                         partial(self._finish_admission, holder, pos, record))
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1320,6 +1314,20 @@ class PrefixCache:
             raise LockError(f"unlock of {handle!r}, which holds no lock taken by lock() "
                             "(an admission's lock is given up by Admission.release, a pin's by unpin)")
         return node
+
+    def _finish_admission(self, node: Node, hit_pages: int, record: Any, aborted: bool) -> None:
+        """End an admission whose deepest page is ``node`` (:meth:`Admission.release` / ``abort``)."""
+        if not aborted:
+            if record is None:
+                self._release_admission(node)
+            else:
+                self._end_write(record, node)
+            return
+        try:
+            if record is not None:
+                self._end_write(record, None)
+        finally:  # the admission ends whatever the lower layer did
+            self._abort_admission(node, hit_pages)
 
     def _release_admission(self, node: Node) -> None:
         """Give up one admission's lock on ``node`` (called once per admission by :meth:`Admission.release`)."""
