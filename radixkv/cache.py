@@ -1139,8 +1139,7 @@ class PrefixCache:
                     elif parent.children is None and not parent.lock_ref:
                         self._drop_root_if_unused(parent)
         finally:
-            if dropped:
-                self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
+            self._pool.give_back_parts(dropped)
             self.evicted_blocks += freed
         return freed
 
