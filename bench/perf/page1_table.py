@@ -77,16 +77,17 @@ def _cachegrind(rows: list) -> List[str]:
 
 def _cpu(rows: list) -> List[str]:
     out = ["## Replay CPU time, old vs new pool (process_time of the loop, alternating in one process)", "",
-           "| pool | page | min (s) | every run (s) | 1-min load |", "|---|---:|---:|---|---:|"]
+           "| run | pool | page | min (s) | every run (s) | 1-min load |", "|---|---|---:|---:|---|---:|"]
     for r in sorted(rows, key=lambda r: (r.get("tag") or "", r["page_size"], r["pool"] != "old")):
-        out.append(f"| {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
+        out.append(f"| {r.get('tag') or ''} | {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
                    f"{', '.join(f'{x:.3f}' for x in r['cpu_s'])} | {r['load_avg_1m']:.1f} |")
-    by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows}
-    for pool in ("old", "new"):
-        if (pool, 1) in by and (pool, 16) in by:
-            out += ["", f"Page 1 / page 16, {pool} pool, min CPU time: {by[(pool, 1)] / by[(pool, 16)]:.2f}x."]
-    if ("old", 16) in by and ("new", 16) in by:
-        out += ["", f"Page 16, new / old min CPU time: {by[('new', 16)] / by[('old', 16)]:.2f}x."]
+    for tag in sorted({r.get("tag") or "" for r in rows}):
+        by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows if (r.get("tag") or "") == tag}
+        ratios = [f"page 1 / page 16, {pool} pool: {by[(pool, 1)] / by[(pool, 16)]:.2f}x"
+                  for pool in ("old", "new") if (pool, 1) in by and (pool, 16) in by]
+        if ("old", 16) in by and ("new", 16) in by:
+            ratios.append(f"page 16, new / old: {by[('new', 16)] / by[('old', 16)]:.2f}x")
+        out += ["", f"Min CPU time{f' ({tag})' if tag else ''}: " + "; ".join(ratios) + "."]
     hits = sorted({(r["page_size"], r["hit_tokens"], r["evicted_blocks"]) for r in rows})
     out += ["", "Hit tokens and evicted blocks, equal for both pools: "
             + "; ".join(f"page {p}: {h:,} hit tokens, {e:,} evicted blocks" for p, h, e in hits) + "."]
