@@ -1154,7 +1154,7 @@ class PrefixCache:
             return _victims.evict(victims, self._policy, n, rank, take)
         finally:
             if dropped:
-                self._pool.give_back(dropped[0] if len(dropped) == 1 else np.concatenate(dropped))
+                self._pool.give_back_parts(dropped)
 
     def _lock_node(self, node: Node) -> None:
         while node is not None:

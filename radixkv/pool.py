@@ -8,11 +8,28 @@ A block is in exactly one of three states:
 * ``CACHED``: owned by the prefix tree.
 
 The pool never decides what to evict; the engine does and hands blocks back.
+
+Blocks move in runs. The free list is a stack of runs of consecutive ids
+(``first .. last``, ascending or descending), so handing out or taking back
+``n`` blocks that form ``r`` runs costs O(r) Python operations plus O(n)
+sequential C work (a slice fill of the state array, an ``arange``), not a
+fancy-indexed scatter of ``n`` ids into the state array (~5-10 ns each, a
+cache miss apiece). At page size 1 a request moves ~10^4 ids in a handful of
+runs. Small moves (under ``_MIN_RUN_IDS`` ids, page size 16's usual) and ids
+that come back in many short runs are kept as one array segment and scattered
+once, as a plain free list would, so the Python cost of a call is bounded by
+its number of runs or one segment, whichever is cheaper.
+
+The pool grows lazily: ids never handed out (``[_fresh, num_blocks)``, above
+the high-water mark) are one implicit run below the stack and cost no memory,
+and the per-block state bytes and the id table used to recognise runs grow
+with the high-water mark (doubling). A pool far larger than a workload needs
+costs what the workload touches, not 5 bytes per block up front.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,24 +41,37 @@ STATE_NAMES = {FREE: "free", HELD: "held", CACHED: "cached"}
 BLOCK_DTYPE = np.dtype(np.int32)
 MAX_BLOCKS = int(np.iinfo(BLOCK_DTYPE).max)
 """The largest pool: block ids are int32."""
+_ID_BYTES = BLOCK_DTYPE.itemsize
+
+# Below _MIN_RUN_IDS ids a fancy-indexed scatter (a few ns per id) costs less than looking for
+# runs; above it, an array is moved as runs while it has at most one run per _IDS_PER_RUN ids
+# (a run costs a few numpy calls, ~1 us), else as one array segment. At page size 16 a request's
+# pages (~700 blocks on the Mooncake traces) stay below it, so page 16 pays no run detection.
+_MIN_RUN_IDS = 2048
+_SPLIT_MIN_IDS = 2048
+_IDS_PER_RUN = 128
+_FIRST_TABLE = 1024  # state bytes and id table a new pool starts with (at most num_blocks)
+
+_EMPTY = np.empty(0, dtype=BLOCK_DTYPE)
 
 
 class BlockPool:
     """``num_blocks`` blocks of ``page_size`` tokens, with an optional payload array.
 
-    The free list is a numpy stack rather than a deque: taking or returning
-    ``n`` blocks is one slice assignment (O(1) Python operations, O(n) in C),
-    where a deque would pop ``n`` times in Python. It is LIFO, so recently
-    freed blocks are reused first.
+    The free list is a stack (LIFO: recently freed blocks are reused first).
+    Each entry is a run ``(first, last)`` of consecutive ids pushed in that
+    order, or an ``int32`` array for ids that came back fragmented; adjacent
+    runs that continue each other are merged, so the stack stays short. Below
+    the stack lie the ids never handed out, ``_fresh, _fresh + 1, ...``, which
+    come out in that order once the stack is empty.
 
-    Blocks never handed out yet (``fresh`` ids ``[_fresh, num_blocks)``) sit
-    logically below the stack and cost no memory: the bookkeeping arrays grow
-    (doubling) with the blocks in use, so a pool far larger than a workload
-    needs costs what the workload touches, not 5 bytes per block up front.
-    Without ``kv_shape`` no array is ever ``num_blocks`` long.
+    ``_state`` holds one byte per block below its length (the high-water mark
+    rounded up by doubling; ids above it are free); it is changed by slice
+    fills per run, and :meth:`check` recounts it against the stack. Without
+    ``kv_shape`` no array is ever ``num_blocks`` long.
     """
 
-    __slots__ = ("num_blocks", "page_size", "data", "_free", "_num_free", "_state", "_fresh")
+    __slots__ = ("num_blocks", "page_size", "data", "_id_bytes", "_stack", "_num_free", "_state", "_fresh")
 
     def __init__(
         self,
@@ -54,10 +84,13 @@ class BlockPool:
             raise ArgumentValueError(f"num_blocks must be at most {MAX_BLOCKS:,} (int32 block ids), got {num_blocks:,}")
         self.num_blocks = num_blocks
         self.page_size = page_size
-        self._free = np.empty(min(num_blocks, 1024), dtype=BLOCK_DTYPE)  # returned blocks, a LIFO stack
+        self._stack: list = []  # returned blocks: runs (first, last) and int32 segments, top last
         self._num_free = num_blocks  # stack + fresh
         self._fresh = 0  # ids >= _fresh were never handed out; they come out in order 0, 1, 2, ...
-        self._state = np.zeros(min(num_blocks, 1024), dtype=np.uint8)
+        table = min(num_blocks, _FIRST_TABLE)
+        self._state = np.zeros(table, dtype=np.uint8)
+        # Ids 0 .. len(_state) - 1 as bytes: a run test is one bytes comparison (no arange per call).
+        self._id_bytes = np.arange(table, dtype=BLOCK_DTYPE).tobytes()
         self.data: Optional[np.ndarray] = None
         if kv_shape is not None:
             self.data = np.zeros((num_blocks, page_size, *kv_shape), dtype=np.dtype(dtype))
@@ -67,44 +100,147 @@ class BlockPool:
         """Blocks on the free list. O(1)."""
         return self._num_free
 
+    @property
+    def num_free_runs(self) -> int:
+        """Entries on the free stack (runs, or fragmented segments), fresh ids not counted. O(1)."""
+        return len(self._stack)
+
+    @property
+    def high_water(self) -> int:
+        """Blocks ever handed out: ids at or above this one never were and cost no memory. O(1)."""
+        return self._fresh
+
     def take(self, n: int, state: int = HELD) -> np.ndarray:
         """Move ``n`` free blocks to ``state`` (``HELD``, or ``CACHED`` when the tree takes them at
-        once) and return their ids; the caller checked ``n <= num_free``."""
-        stacked = self._num_free - (self.num_blocks - self._fresh)
-        if n <= stacked:
-            blocks = self._free[stacked - n : stacked][::-1].copy()
-        else:
-            fresh = np.arange(self._fresh, self._fresh + n - stacked, dtype=BLOCK_DTYPE)
-            blocks = np.concatenate([self._free[:stacked][::-1], fresh])
-            self._fresh += n - stacked
-            if self._fresh > len(self._state):
-                self._state = _grown(self._state, self._fresh, self.num_blocks)
+        once) and return their ids, most recently freed first, then fresh ones in ascending
+        order (a new ``int32`` array).
+
+        The caller checked ``n <= num_free``; more raises :class:`ValueError`.
+        Cost: O(stack entries consumed) Python, O(n) C.
+        """
+        if n > self._num_free:
+            raise ArgumentValueError(f"take({n}) with only {self._num_free} blocks free")
+        if n <= 0:
+            return _EMPTY.copy()
+        stack, st = self._stack, self._state
+        parts = []
+        left = n
+        while left:
+            if not stack:  # the stack is empty: the rest are fresh ids
+                lo = self._fresh
+                hi = lo + left
+                if hi > len(st):
+                    self._grow(hi)
+                    st = self._state
+                st[lo:hi] = state
+                parts.append(np.arange(lo, hi, dtype=BLOCK_DTYPE))
+                self._fresh = hi
+                break
+            entry = stack[-1]
+            if entry.__class__ is tuple:
+                first, last = entry
+                if last >= first:  # ascending run: hand out last, last - 1, ...
+                    k = min(left, last - first + 1)
+                    lo = last - k + 1
+                    st[lo : last + 1] = state
+                    parts.append(np.arange(last, lo - 1, -1, dtype=BLOCK_DTYPE))
+                    if lo == first:
+                        stack.pop()
+                    else:
+                        stack[-1] = (first, lo - 1)
+                else:  # descending run: hand out last, last + 1, ...
+                    k = min(left, first - last + 1)
+                    hi = last + k
+                    st[last:hi] = state
+                    parts.append(np.arange(last, hi, dtype=BLOCK_DTYPE))
+                    if hi > first:
+                        stack.pop()
+                    else:
+                        stack[-1] = (first, hi)
+            else:
+                size = len(entry)
+                k = min(left, size)
+                part = entry[size - k :][::-1]
+                st[part] = state
+                parts.append(part)
+                if k == size:
+                    stack.pop()
+                else:
+                    stack[-1] = entry[: size - k]
+            left -= k
         self._num_free -= n
-        self._state[blocks] = state
-        return blocks
+        if len(parts) == 1:
+            part = parts[0]
+            return part if part.base is None else part.copy()
+        return np.concatenate(parts)
 
     def give_back(self, blocks: np.ndarray) -> None:
-        """Return ``HELD`` or ``CACHED`` blocks to the free list (no checks: engine-internal)."""
-        n = len(blocks)
-        if n == 0:
-            return
-        stacked = self._num_free - (self.num_blocks - self._fresh)
-        if stacked + n > len(self._free):
-            self._free = _grown(self._free, stacked + n, self.num_blocks)
-        self._free[stacked : stacked + n] = blocks
-        self._num_free += n
-        self._state[blocks] = FREE
+        """Return ``HELD`` or ``CACHED`` blocks (distinct, handed out) to the free list.
+
+        No checks: engine-internal (a caller's blocks are checked by
+        :meth:`~radixkv.cache.PrefixCache.free`; :meth:`check` recounts).
+        Cost: O(runs) Python and O(len(blocks)) sequential C when the blocks
+        form long runs; one fancy-indexed scatter otherwise.
+        """
+        if len(blocks):
+            runs = self._runs(blocks)
+            if runs is None:
+                self._push_array(blocks)
+            else:
+                self._push_runs(runs)
+            self._num_free += len(blocks)
+
+    def give_back_parts(self, parts: Sequence[np.ndarray]) -> None:
+        """:meth:`give_back` of each array in ``parts``, in order (e.g. the tails of several evicted
+        leaves). A part that is one run (or a few long ones) is pushed as runs; the other parts
+        between two runs are joined and scattered once. O(parts + runs) Python, O(total ids) C."""
+        pending = []
+        for blocks in parts:
+            n = len(blocks)
+            if n == 0:
+                continue
+            self._num_free += n
+            runs = self._runs(blocks) if n >= _MIN_RUN_IDS else None
+            if runs is None:
+                pending.append(blocks)
+                continue
+            if pending:
+                self._push_pending(pending)
+                pending = []
+            self._push_runs(runs)
+        if pending:
+            self._push_pending(pending)
 
     def set_state(self, blocks: np.ndarray, state: int) -> None:
-        """Mark ``blocks`` as ``HELD`` or ``CACHED`` (ownership moves between caller and tree)."""
-        self._state[blocks] = state
+        """Mark ``blocks`` (handed out) as ``HELD`` or ``CACHED`` (ownership moves between caller
+        and tree). O(runs) Python, O(len(blocks)) C.
+        """
+        if len(blocks) == 0:
+            return
+        runs = self._runs(blocks)
+        st = self._state
+        if runs is None:
+            st[blocks] = state
+            return
+        for first, last in runs:
+            if first <= last:
+                st[first : last + 1] = state
+            else:
+                st[last : first + 1] = state
 
     def states(self, blocks: np.ndarray) -> np.ndarray:
-        """Ownership state of each block in ``blocks`` (valid ids; never handed out: ``FREE``)."""
-        if len(blocks) and int(np.max(blocks)) >= len(self._state):
-            return np.where(blocks < len(self._state), self._state[np.minimum(blocks, len(self._state) - 1)], FREE
-                            ).astype(np.uint8)
-        return self._state[blocks]
+        """Ownership state of each block in ``blocks`` (valid ids; never handed out: ``FREE``), a
+        new array. O(len(blocks)) C; a slice copy for a run."""
+        st = self._state
+        run = self._run(blocks) if len(blocks) >= _MIN_RUN_IDS else None
+        if run is not None:
+            first, last = run
+            if first <= last:
+                return st[first : last + 1].copy()
+            return st[last : first + 1][::-1].copy()
+        if len(blocks) and int(np.max(blocks)) >= len(st):
+            return np.where(blocks < len(st), st[np.minimum(blocks, len(st) - 1)], FREE).astype(np.uint8)
+        return st[blocks]
 
     def count(self, state: int) -> int:
         """Number of blocks in ``state``. O(blocks ever handed out)."""
@@ -118,32 +254,140 @@ class BlockPool:
         (``None``, a scalar, ``str``, ``dict``, ``set``) or holds non-integers
         (``bool``, ``float``); :class:`~radixkv.errors.InvalidBlocksError` for a
         wrong shape, an id out of range or a duplicate. Tokens follow the same
-        rule (:func:`~radixkv.keys.uint32_array`). O(len(blocks) log len(blocks)).
+        rule (:func:`~radixkv.keys.uint32_array`). O(len(blocks)) for a run of
+        consecutive ids (below the high-water mark), else
+        O(len(blocks) log len(blocks)).
         """
         arr = uint32_array(blocks, name, InvalidBlocksError, self.num_blocks).astype(BLOCK_DTYPE)
+        if len(arr) > 2 and self._run(arr) is not None:
+            return arr  # consecutive ids are distinct
         if len(np.unique(arr)) != len(arr):
             raise InvalidBlocksError(f"{name} has duplicate block ids: {_duplicates(arr)!r}")
         return arr
 
     def check(self) -> None:
-        """O(num_blocks) check of the free list against block states; raises AssertionError."""
-        assert 0 <= self._fresh <= min(self.num_blocks, len(self._state)), f"fresh mark {self._fresh} out of range"
+        """O(blocks ever handed out) check of the free stack against block states; raises AssertionError.
+
+        Every listed id was handed out and is listed once, the listed ids are
+        exactly the handed-out blocks in state free, no id above the
+        high-water mark has a state, and the listed ids plus the fresh ones
+        number ``num_free``.
+        """
+        fresh = self._fresh
+        assert 0 <= fresh <= min(self.num_blocks, len(self._state)), f"fresh mark {fresh} out of range"
+        assert len(self._id_bytes) == _ID_BYTES * len(self._state), "id table and state bytes differ in length"
         assert 0 <= self._num_free <= self.num_blocks, f"free count {self._num_free} out of range"
-        free = self._free[: self._num_free - (self.num_blocks - self._fresh)]
-        assert np.all(free < self._fresh), "a block on the free list was never handed out"
-        assert not np.any(self._state[self._fresh :]), "a block never handed out has a state"
-        assert len(np.unique(free)) == len(free), f"free list holds duplicates: {_duplicates(free)}"
-        assert np.all(self._state[free] == FREE), "a block on the free list is not in state free"
-        assert self.count(FREE) == self._num_free, (
-            f"{self.count(FREE)} blocks in state free but {self._num_free} on the free list"
-        )
+        assert not np.any(self._state[fresh:]), "a block never handed out has a state"
+        listed = np.zeros(fresh, dtype=np.int32)
+        total = 0
+        for entry in self._stack:
+            if entry.__class__ is tuple:
+                first, last = entry
+                lo, hi = min(first, last), max(first, last)
+                assert 0 <= lo and hi < fresh, f"free run {entry} holds a block never handed out (mark {fresh})"
+                listed[lo : hi + 1] += 1
+                total += hi - lo + 1
+            else:
+                assert entry.dtype == BLOCK_DTYPE and entry.ndim == 1 and len(entry), f"bad free segment {entry!r}"
+                assert 0 <= int(entry.min()) and int(entry.max()) < fresh, (
+                    f"free segment holds a block never handed out (mark {fresh})")
+                np.add.at(listed, entry, 1)
+                total += len(entry)
+        assert total + self.num_blocks - fresh == self._num_free, (
+            f"free stack holds {total} blocks and {self.num_blocks - fresh} fresh, free count is {self._num_free}")
+        twice = np.flatnonzero(listed > 1)
+        assert not len(twice), f"free list holds duplicates: {twice[:10].tolist()}"
+        free = self._state[:fresh] == FREE
+        assert np.array_equal(listed == 1, free), (
+            "free list and block states disagree: listed but not free "
+            f"{np.flatnonzero((listed == 1) & ~free)[:10].tolist()}, free but not listed "
+            f"{np.flatnonzero(free & (listed == 0))[:10].tolist()}")
 
+    def _grow(self, needed: int) -> None:
+        """Lengthen the state bytes and the id table to at least ``needed`` (doubling, at most
+        ``num_blocks``): amortized O(1) per block handed out."""
+        size = min(max(needed, 2 * len(self._state)), self.num_blocks)
+        state = np.zeros(size, dtype=np.uint8)
+        state[: len(self._state)] = self._state
+        self._state = state
+        self._id_bytes = np.arange(size, dtype=BLOCK_DTYPE).tobytes()
 
-def _grown(array: np.ndarray, needed: int, limit: int) -> np.ndarray:
-    """``array`` copied into one at least ``needed`` long (doubling, at most ``limit``), zeros after."""
-    out = np.zeros(min(max(needed, 2 * len(array)), limit), dtype=array.dtype)
-    out[: len(array)] = array
-    return out
+    # ------------------------------------------------------------------ runs
+    def _push_array(self, blocks: np.ndarray, owned: bool = False) -> None:
+        """Push fragmented ids as one stack entry (a copy, unless ``owned``); one fancy-indexed scatter."""
+        arr = blocks if owned and blocks.dtype == BLOCK_DTYPE else np.array(blocks, dtype=BLOCK_DTYPE)
+        self._state[arr] = FREE
+        self._stack.append(arr)
+
+    def _push_pending(self, parts: List[np.ndarray]) -> None:
+        if len(parts) == 1:
+            self._push_array(parts[0])
+        else:
+            self._push_array(np.concatenate(parts), owned=True)
+
+    def _push_runs(self, runs: List[Tuple[int, int]]) -> None:
+        """Push runs in order, each joining the top run when it continues it. O(len(runs)) Python."""
+        st, stack = self._state, self._stack
+        for first, last in runs:
+            if first <= last:
+                st[first : last + 1] = FREE
+            else:
+                st[last : first + 1] = FREE
+            if stack:
+                top = stack[-1]
+                if top.__class__ is tuple:
+                    step = first - top[1]
+                    # merge when this run continues the top run in the same direction
+                    if (step == 1 or step == -1) and (top[1] - top[0]) * step >= 0 and (last - first) * step >= 0:
+                        stack[-1] = (top[0], last)
+                        continue
+            stack.append((first, last))
+
+    def _run(self, blocks: np.ndarray) -> Optional[Tuple[int, int]]:
+        """``(first, last)`` if ``blocks`` (in-range ids, 2 or more) is one run of consecutive ids
+        in either direction, else ``None``. O(1) to reject most non-runs, O(n) C to confirm."""
+        n = len(blocks)
+        first, last = int(blocks[0]), int(blocks[-1])
+        if last - first == n - 1:
+            # a contiguous int32 array is compared in place (bytes.startswith takes its buffer)
+            if n <= 2 or self._id_bytes.startswith(np.ascontiguousarray(blocks, BLOCK_DTYPE), _ID_BYTES * first):
+                return first, last
+        elif first - last == n - 1:
+            if n <= 2 or self._id_bytes.startswith(np.ascontiguousarray(blocks[::-1], BLOCK_DTYPE), _ID_BYTES * last):
+                return first, last
+        return None
+
+    def _runs(self, blocks: np.ndarray) -> Optional[List[Tuple[int, int]]]:
+        """``blocks`` (in-range, distinct, non-empty) cut into maximal runs ``(first, last)`` in order,
+        or ``None`` when a fancy-indexed scatter is cheaper: fewer than ``_MIN_RUN_IDS`` ids that
+        are not one run, or more than one run per ``_IDS_PER_RUN`` ids."""
+        n = len(blocks)
+        if n < _MIN_RUN_IDS:
+            return None
+        run = self._run(blocks)
+        if run is not None:
+            return [run]
+        if n < _SPLIT_MIN_IDS:
+            return None
+        step = blocks[1:] - blocks[:-1]
+        np.abs(step, out=step)
+        cuts = (step != 1).nonzero()[0]  # run i ends at position cuts[i] (nonzero of bools is fast)
+        if len(cuts) * _IDS_PER_RUN >= n:
+            return None
+        ends = cuts.tolist()
+        ends.append(n - 1)
+        firsts = [int(blocks[0])] + blocks[cuts + 1].tolist()
+        lasts = blocks[cuts].tolist()
+        lasts.append(int(blocks[-1]))
+        runs = []
+        start = 0
+        for first, last, end in zip(firsts, lasts, ends):
+            if abs(last - first) != end - start:
+                return None  # steps of +-1 that turn back: a repeated id, not a run
+            runs.append((first, last))
+            start = end + 1
+        return runs
+
 
 
 def _duplicates(arr: np.ndarray) -> list:

@@ -1,0 +1,163 @@
+"""bench/results/page1.md from the JSON lines of bench/perf/page1.py and bench/peers/compare.py.
+
+    .venv/bin/python bench/perf/page1.py --table bench/results/page1.jsonl bench/results/micro_page1.json \
+        > bench/results/page1.md
+
+Every figure on the page comes from those files; the prose around them does not
+quote any. A ``.json`` file is read as a bench/perf/micro_summary.py summary.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Dict, List
+
+TARGET_PAGE_RATIO = 1.5  # page-1 replay cost / page-16 replay cost (issue 17)
+TARGET_PEER_SPEEDUP = 4.0  # radixkv / SGLang RadixCache at page 1
+
+
+def _read(paths: List[str]) -> Dict[str, list]:
+    rows: Dict[str, list] = {"cpu": [], "cachegrind": [], "peers": [], "micro": []}
+    for path in paths:
+        with open(path) as fh:
+            if path.endswith(".json"):
+                rows["micro"].append(json.load(fh))
+                continue
+            for line in fh:
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if row.get("bench") == "page1":
+                    rows["cpu"].append(row)
+                elif row.get("bench") == "page1-cachegrind":
+                    rows["cachegrind"].append(row)
+                elif "peers" in row:
+                    rows["peers"].append(row)
+    return rows
+
+
+def _m(value: float) -> str:
+    return f"{value / 1e6:,.0f}M"
+
+
+def _cachegrind(rows: list) -> List[str]:
+    by = {(r["pool"], r["page_size"]): r for r in rows}
+    out = ["## Replay cost, old vs new pool (valgrind cachegrind, deterministic)", "",
+           "Instructions (Ir) and estimated cycles (Ir + 10 x L1 misses + 100 x last-level misses) of the",
+           "replay loop alone: the same script with the replay skipped is subtracted.", "",
+           "| page | old Ir | new Ir | old est. cycles | new est. cycles | new / old (est. cycles) |",
+           "|---:|---:|---:|---:|---:|---:|"]
+    for page in sorted({p for _, p in by}):
+        old, new = by.get(("old", page)), by.get(("new", page))
+        if old and new:
+            out.append(f"| {page} | {_m(old['Ir'])} | {_m(new['Ir'])} | {_m(old['est_cycles'])} | "
+                       f"{_m(new['est_cycles'])} | {new['est_cycles'] / old['est_cycles']:.2f} |")
+    for pool in ("old", "new"):
+        one, sixteen = by.get((pool, 1)), by.get((pool, 16))
+        if one and sixteen:
+            out.append("")
+            out.append(f"Page 1 / page 16, {pool} pool: {one['Ir'] / sixteen['Ir']:.2f}x in instructions, "
+                       f"{one['est_cycles'] / sixteen['est_cycles']:.2f}x in estimated cycles "
+                       f"(target <= {TARGET_PAGE_RATIO}x).")
+    one, sixteen = by.get(("new", 1)), by.get(("new", 16))
+    if one and sixteen and "functions_Ir" in one and "functions_Ir" in sixteen:
+        f1, f16 = one["functions_Ir"], sixteen["functions_Ir"]
+        delta = {f: f1.get(f, 0) - f16.get(f, 0) for f in set(f1) | set(f16)}
+        extra = one["Ir"] - sixteen["Ir"]
+        out += ["", "### Where page 1's extra instructions go (new pool, page 1 minus page 16, by C function)", "",
+                f"Page 1 executes {_m(extra)} more instructions than page 16. Under valgrind a large memcpy",
+                "(`rep movsb`) counts about one instruction per byte, so copies of block-id arrays weigh more",
+                "here than in CPU time.", "",
+                "| C function | page 1 | page 16 | difference | share of the difference |", "|---|---:|---:|---:|---:|"]
+        for f, d in sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:14]:
+            out.append(f"| `{f}` | {_m(f1.get(f, 0))} | {_m(f16.get(f, 0))} | {_m(d)} | {d / extra:.0%} |")
+    return out + [""]
+
+
+def _cpu(rows: list) -> List[str]:
+    out = ["## Replay CPU time, old vs new pool (process_time of the loop, alternating in one process)", "",
+           "| run | pool | page | min (s) | every run (s) | 1-min load |", "|---|---|---:|---:|---|---:|"]
+    for r in sorted(rows, key=lambda r: (r.get("tag") or "", r["page_size"], r["pool"] != "old")):
+        out.append(f"| {r.get('tag') or ''} | {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
+                   f"{', '.join(f'{x:.3f}' for x in r['cpu_s'])} | {r['load_avg_1m']:.1f} |")
+    for tag in sorted({r.get("tag") or "" for r in rows}):
+        by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows if (r.get("tag") or "") == tag}
+        ratios = [f"page 1 / page 16, {pool} pool: {by[(pool, 1)] / by[(pool, 16)]:.2f}x"
+                  for pool in ("old", "new") if (pool, 1) in by and (pool, 16) in by]
+        if ("old", 16) in by and ("new", 16) in by:
+            ratios.append(f"page 16, new / old: {by[('new', 16)] / by[('old', 16)]:.2f}x")
+        out += ["", f"Min CPU time{f' ({tag})' if tag else ''}: " + "; ".join(ratios) + "."]
+    hits = sorted({(r["page_size"], r["hit_tokens"], r["evicted_blocks"]) for r in rows})
+    out += ["", "Hit tokens and evicted blocks, equal for both pools: "
+            + "; ".join(f"page {p}: {h:,} hit tokens, {e:,} evicted blocks" for p, h, e in hits) + "."]
+    return out + [""]
+
+
+def _peers(rows: list) -> List[str]:
+    out = ["## Side by side with SGLang's RadixCache (bench/peers/compare.py, best of the repetitions)", "",
+           "| page | blocks | radixkv req/s | SGLang req/s | radixkv / SGLang | same, medians | radixkv p50 us |"
+           " SGLang p50 us | radixkv hit tokens | SGLang hit tokens | 1-min load |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: r["page_size"]):
+        rk, sg = r["peers"]["radixkv"], r["peers"]["sglang"]
+        out.append(f"| {r['page_size']} | {r['num_blocks']:,} | {rk['requests_per_second']:,.0f} | "
+                   f"{sg['requests_per_second']:,.0f} | {r['speedup']['sglang']:.2f} | "
+                   f"{statistics.median(rk['all_rates']) / statistics.median(sg['all_rates']):.2f} | "
+                   f"{rk['per_request_us']['p50']:.0f} | {sg['per_request_us']['p50']:.0f} | "
+                   f"{rk['hit_tokens']:,} | {sg['hit_tokens']:,} | {r['load_avg_1m']:.1f} |")
+    out += ["", f"Target at page 1: radixkv >= {TARGET_PEER_SPEEDUP}x SGLang. \"radixkv / SGLang\" divides the best rates",
+            "(what compare.py reports), \"same, medians\" the median rates of the repetitions; every rate is in the",
+            "JSON lines (`all_rates`)."]
+    return out + [""]
+
+
+def _micro(summaries: list) -> List[str]:
+    out = ["## Micro-benchmarks at page 1 (bench/perf/test_micro.py, new pool, microseconds)", "",
+           "Prompts are at most 128 pages (128 tokens at page 1) and evict moves 32 blocks: these measure the",
+           "per-call overhead at each cache size, not the 10^4-id moves of the trace.", "",
+           "| operation | cached blocks | min | median | rounds |", "|---|---:|---:|---:|---:|"]
+    for summary in summaries:
+        for b in sorted((b for b in summary["benchmarks"] if b["group"] != "test_replay_throughput"),
+                        key=lambda b: (b["group"], b.get("cached_blocks", 0))):
+            out.append(f"| {b['group'][5:]} | {b.get('cached_blocks', b['param'])} | {b['min'] * 1e6:.1f} | "
+                       f"{b['median'] * 1e6:.1f} | {b['rounds']} |")
+        m = summary["machine"]
+        out += ["", f"Summarized {summary.get('datetime')}, 1-minute load {m.get('load_average_1m')}."]
+    return out + [""]
+
+
+def render(paths: List[str]) -> str:
+    """The markdown page for the rows in ``paths``."""
+    rows = _read(paths)
+    machine = next((r["machine"] for kind in ("cpu", "cachegrind", "peers") for r in rows[kind]), {})
+    lines = ["# Page size 1: a run-based, lazily grown block pool (issue 17)", "",
+             "Mooncake conversation trace, first 2000 requests, 3M tokens of HBM (2,999,808 blocks at page 1,",
+             "187,488 at page 16), LRU, one admit + release per request. \"old\" is the pool before runs",
+             "(`radixkv/pool.py` at the revision in each row's `pool_rev`), \"new\" the run-based lazy pool; both",
+             "run from one checkout in one process (bench/perf/page1.py puts the old module in place for its runs).",
+             f"Machine: {machine.get('cpu', '?')}, {machine.get('nproc', '?')} CPUs shared with other jobs, "
+             f"Python {machine.get('python', '?')}, numpy {machine.get('numpy', '?')}.", "",
+             "Regenerate:", "",
+             "    .venv/bin/python bench/perf/page1.py --cachegrind --out bench/results/page1.jsonl",
+             "    .venv/bin/python bench/perf/page1.py --repeat 5 --out bench/results/page1.jsonl",
+             "    for page in 1 16; do   # from the checkout's root, with the peers' venv",
+             "      bench/peers/.venv/bin/python bench/peers/here.py bench/peers/compare.py --traces mooncake_conversation \\",
+             "        --limit 2000 --capacities $((2999808 / page)) --page-size $page --repeat 3 --peers radixkv sglang \\",
+             "        --out bench/results/page1.jsonl",
+             "    done   # (page 16: --capacities 187488)",
+             "    RADIXKV_BENCH_PAGE=1 .venv/bin/python -m pytest bench/perf/test_micro.py --benchmark-only \\",
+             "        --benchmark-disable-gc -k 'not replay' --benchmark-json /tmp/micro1.json",
+             "    .venv/bin/python bench/perf/micro_summary.py /tmp/micro1.json bench/results/micro_page1",
+             "    .venv/bin/python bench/perf/page1.py --table bench/results/page1.jsonl bench/results/micro_page1.json \\",
+             "        > bench/results/page1.md",
+             "    .venv/bin/python bench/perf/page1.py --pools new --repeat 1 --no-check --profile 25   # cProfile", ""]
+    if rows["cachegrind"]:
+        lines += _cachegrind(rows["cachegrind"])
+    if rows["cpu"]:
+        lines += _cpu(rows["cpu"])
+    if rows["peers"]:
+        lines += _peers(rows["peers"])
+    if rows["micro"]:
+        lines += _micro(rows["micro"])
+    return "\n".join(lines).rstrip("\n") + "\n"
