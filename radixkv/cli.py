@@ -113,6 +113,28 @@ def show(rows: list, columns: list, fmt: str, spec: Optional[str]) -> None:
     click.echo(render(rows, chosen if fmt != "table" else fit_columns(rows, chosen, bool(spec)), fmt))
 
 
+def tokenizer_option(fn: Callable) -> Callable:
+    """``--tokenizer PATH``: a local ``tokenizer.json`` for ShareGPT text."""
+    return click.option("--tokenizer", "tokenizer_path", default=None, metavar="PATH",
+                        help="A local tokenizer.json for ShareGPT text, read with the tokenizers library "
+                             "(pip install 'radixkv[tokenizers]'); default: the built-in tokenizer.")(fn)
+
+
+def cli_trace(trace: str, trace_fmt: Optional[str], limit: Optional[int], skip_bad: bool,
+              tokenizer_path: Optional[str] = None):
+    """:func:`open_trace` for a command, with ``--tokenizer`` loaded (its errors name the flag)."""
+    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    if tokenizer_path is None:
+        return reader
+    if reader.format != "sharegpt":
+        raise ArgumentValueError(f"--tokenizer applies to text (ShareGPT) traces; {trace} is a {reader.format} "
+                                 "trace of token ids")
+    from .workload.hf_tokenizer import load_tokenizer
+
+    return open_trace(reader.path, reader.format, limit=limit, skip_bad=skip_bad,
+                      tokenizer=load_tokenizer(tokenizer_path, "--tokenizer"))
+
+
 def capacity_options(what: str) -> Callable:
     """``--num-blocks`` / ``--max-total-tokens`` / ``--kv-cache-memory``: one size, three units."""
     def decorate(fn: Callable) -> Callable:
@@ -230,11 +252,12 @@ def main() -> None:
               help="Publish KV events in vLLM's ZMQ format (e.g. tcp://*:5557), one batch per request.")
 @click.option("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
               help="With --kv-events-endpoint: answer vLLM-style replay requests here.")
+@tokenizer_option
 @cost_options
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
-               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, model, hardware,
+               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
                miss_reasons) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
@@ -250,7 +273,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     remote_blocks = tier_blocks("--remote-blocks", remote_blocks, page_size, model)
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
@@ -482,20 +505,21 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one JSON line per (policy, capacity) to this file.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@tokenizer_option
 @cost_options
 @user_errors
 def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
-              output, quiet, model, hardware, miss_reasons) -> None:
+              output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
     from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     names = named("--policies", parse_policies, policy_list)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)  # a missing file fails before any work
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)  # a missing file fails before any work
     caps = cli_capacities(capacities, reader, page_size, model)
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
-                          model=model, hardware=hardware, miss_reasons=miss_reasons)
+                          model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path)
                  for p in names for c in caps]
     with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
         rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
@@ -517,8 +541,10 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size the GiB column.")
+@tokenizer_option
 @user_errors
-def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model) -> None:
+def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model,
+              tokenizer_path) -> None:
     """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
     protection rule), equal to a per-capacity `radixkv replay --policy lru` at each.
 
@@ -528,7 +554,7 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     get_model(model)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     caps = cli_capacities(capacities, reader, page_size, model)
     with progress(bar_total(reader, quiet), quiet, "curve") as bar:
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",

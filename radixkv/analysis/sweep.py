@@ -52,11 +52,13 @@ class SweepJob:
     model: str = DEFAULT_MODEL
     hardware: str = DEFAULT_HARDWARE
     miss_reasons: bool = True
+    tokenizer: Optional[str] = None
+    """Path of a ``tokenizer.json`` for a ShareGPT trace (default: the built-in tokenizer)."""
 
 
 def run_job(job: SweepJob) -> dict:
     """Replay one job; the :class:`~radixkv.analysis.replay.ReplayResult` as a dict plus ``trace`` and ``skipped_lines``."""
-    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad)
+    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
     cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=job.policy)
     result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware)
     return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
