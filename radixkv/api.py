@@ -156,17 +156,20 @@ def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequ
                    for p in names for c in caps)
 
 
-def curve(trace: TraceLike, capacities: Union[str, Sequence[object]], *, page_size: int = 16,
+def curve(trace: TraceLike, capacities: Union[str, Sequence[object], None] = "auto", *, page_size: int = 16,
           model: ModelLike = DEFAULT_MODEL, format: Optional[str] = None, limit: Optional[int] = None,
           tokenizer: TokenizerLike = None) -> "Records":
     """LRU's hit tokens at every capacity from one pass (:func:`radixkv.analysis.sweep.trace_curve`), equal to
-    an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`;
-    ``tokenizer`` as :func:`replay`."""
+    an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`,
+    or ``"auto"`` / ``None`` (the default): about 50 log-spaced capacities from 1 block to the trace's
+    distinct pages (:func:`radixkv.analysis.curve.log_grid`), free from the same pass. ``tokenizer`` as
+    :func:`replay`."""
     from .analysis.sweep import trace_curve
 
     requests = _trace(trace, format, limit, tokenizer)
-    caps = parse_capacities(capacities, page_size=page_size, model=model,
-                            distinct_pages=lambda: _distinct(requests, page_size))
+    caps = None if capacities is None or (isinstance(capacities, str) and capacities.strip() == "auto") else \
+        parse_capacities(capacities, page_size=page_size, model=model,
+                         distinct_pages=lambda: _distinct(requests, page_size))
     result = trace_curve(requests, page_size, caps, mooncake=_is_mooncake(requests))
     return Records(CurvePoint(c, c * page_size, page_size, h, result.prompt_tokens, r)
                    for c, h, r in zip(result.capacities, result.hit_tokens, result.token_hit_rates))

@@ -535,7 +535,9 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 @main.command("curve")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--capacities", required=True, help=CAPACITIES_HELP)
+@click.option("--capacities", default="auto", show_default=True,
+              help=CAPACITIES_HELP + " auto: about 50 log-spaced capacities from 1 block to the trace's "
+                                     "distinct pages.")
 @output_options
 @click.option("--limit", default=None, type=click.IntRange(min=0), help="Use only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
@@ -546,7 +548,8 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model,
               tokenizer_path) -> None:
     """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
-    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each.
+    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each. Without
+    --capacities, a dense log-spaced grid up to the trace's distinct pages (for `radixkv plot`).
 
     --format json prints one object: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}."""
     from .costs import get_model
@@ -555,7 +558,7 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     get_model(model)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
-    caps = cli_capacities(capacities, reader, page_size, model)
+    caps = None if capacities.strip() == "auto" else cli_capacities(capacities, reader, page_size, model)
     with progress(bar_total(reader, quiet), quiet, "curve") as bar:
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
                             on_request=lambda r: bar.update())
@@ -572,7 +575,8 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
         click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
-                               "trace": trace, "skipped_lines": reader.skipped}))
+                               "trace": trace, "skipped_lines": reader.skipped, "model": model,
+                               "no_eviction_hit_rate": curve.max_hit_tokens / max(curve.prompt_tokens, 1)}))
 
 
 CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate"]
