@@ -68,7 +68,7 @@ def _series(rows: List[dict], key: str) -> Dict[str, List[Tuple[int, float]]]:
 
 
 DENSE_POINTS = 20
-"""A series with more points than this is drawn as a line with a marker every eighth of it."""
+"""A series with more points than this is drawn as a line with a few evenly spaced markers."""
 
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
@@ -147,7 +147,7 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
                 style = dict(color=COLORS[i % len(COLORS)], linestyle=LINESTYLES[i % len(LINESTYLES)],
                              marker=MARKERS[i % len(MARKERS)], linewidth=1.4)
             if len(xs) > DENSE_POINTS:  # a one-pass curve's grid: a line, with a few markers to tell it apart
-                style["markevery"] = max(1, len(xs) // 8)
+                style["markevery"] = 0.1  # evenly spaced along the drawn line, on a log axis too
             same = seen.setdefault(tuple(points), name)
             shown = name if same == name else f"{name} (same as {same})"
             (line,) = ax.plot(xs, [y * scale for y in ys], markersize=4, label=shown, **style,
