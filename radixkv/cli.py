@@ -6,6 +6,7 @@ with status 2; there is no traceback for them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -209,6 +210,32 @@ def cost_options(fn: Callable) -> Callable:
                         help="Model for the prefill FLOPs / TTFT saving estimates.")(fn)
 
 
+def records_option(fn: Callable) -> Callable:
+    """``--records FILE``: one JSON line per request."""
+    return click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
+                        help="Write one JSON record per request (hits, misses by reason, evictions) to this "
+                             "file.")(fn)
+
+
+@contextlib.contextmanager
+def records_writer(path: Optional[str]):
+    """``write(record, **extra)`` appending one JSON line per request to ``path``, or ``None`` without one."""
+    if not path:
+        yield None
+        return
+    with open(path, "w", encoding="utf-8") as sink:
+        yield lambda record, **extra: sink.write(to_json({**record.as_dict(), **extra}) + "\n")
+
+
+def show_savings(out: dict, out_fmt: str) -> None:
+    """The tail of a replay's table: missed tokens by reason (when classified) and the prefill saved."""
+    if out.get("miss_tokens_by_reason"):
+        click.echo()
+        show(miss_rows(out), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
+    click.echo(f"\nprefill saved: {out['prefill_flops_saved'] / 1e15:.4g} PFLOP, "
+               f"{out['ttft_saving_seconds']:.4g} s of TTFT ({out['model']} on {out['hardware']})")
+
+
 def miss_rows(result: dict) -> list:
     """Rows (reason, tokens, share of prompt tokens) of a replay result's misses, hits first."""
     prompt = result["prompt_tokens"] or 1
@@ -246,8 +273,7 @@ def main() -> None:
               help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
-@click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write one JSON record per request (hits, misses by reason, evictions) to this file.")
+@records_option
 @click.option("--kv-events-endpoint", default=None, metavar="ZMQ",
               help="Publish KV events in vLLM's ZMQ format (e.g. tcp://*:5557), one batch per request.")
 @click.option("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
@@ -278,10 +304,9 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back, enable_events=publisher is not None)
-    sink = open(records, "w", encoding="utf-8") if records else None
-    on_record = (lambda rec: sink.write(to_json(rec.as_dict()) + "\n")) if sink else None
     try:
-        with progress(bar_total(reader, quiet), quiet, "replay") as bar, warnings.catch_warnings():
+        with records_writer(records) as on_record, progress(bar_total(reader, quiet), quiet, "replay") as bar, \
+                warnings.catch_warnings():
             # A failing tier warns through Python's warnings; its counters are reported below instead.
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"radixkv\.tiers(\.|$)")
 
@@ -295,8 +320,6 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     finally:
         if publisher is not None:
             publisher.close()
-        if sink is not None:
-            sink.close()
         if hasattr(cache, "close"):
             cache.close()
     out = result.as_dict()
@@ -322,11 +345,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
             click.echo()
             show([tier_row(out)], TIER_COLUMNS, out_fmt, None)
             click.echo(tier_traffic(out))
-        if result.miss_tokens_by_reason:
-            click.echo()
-            show(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
-        click.echo(f"\nprefill saved: {result.prefill_flops_saved / 1e15:.4g} PFLOP, "
-                   f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
+        show_savings(out, out_fmt)
     if reader.skipped and out_fmt != "json":
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
     if tiered and (out["lost_hosts"] or out["backend_errors"]):
@@ -659,13 +678,18 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 @output_options
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size --kv-cache-memory.")
-@click.option("--quiet", is_flag=True, help="Accepted like the other commands' (cluster shows no progress bar).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@records_option
+@tokenizer_option
+@cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
                 lend_cap, low_watermark, lending, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
-                skip_bad, model, quiet) -> None:
-    """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
+                skip_bad, quiet, records, tokenizer_path, model, hardware, miss_reasons) -> None:
+    """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
+
+    Like `radixkv replay`: misses by reason (each about the instance that served the request),
+    prefill saved for --model on --hardware, and --records (each record adds its `instance`)."""
     from .cluster import Cluster, routes_ahead
 
     if policies.create(policy).offline and not routes_ahead(routing, instances):
@@ -676,11 +700,20 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
-    out = cluster.replay(open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)).as_dict()
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
+        result = cluster.replay(reader, on_request=lambda r, h: bar.update(), miss_reasons=miss_reasons,
+                                on_record=(lambda rec, i: write(rec, instance=i)) if write else None,
+                                model=model, hardware=hardware)
+    out = {**result.as_dict(), "skipped_lines": reader.skipped}
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)
-    if out_fmt == "table":
-        click.echo(f"\ncapacity per instance: {capacity_line(num_blocks, page_size, model)}")
+    if out_fmt == "table" and not columns:
+        click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
+                   f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
+        show_savings(out, out_fmt)
+    if reader.skipped and out_fmt != "json":
+        click.echo(f"skipped {reader.skipped} malformed lines", err=True)
 
 
 CLUSTER_COLUMNS = ["routing", "borrowing", "instances", "num_blocks", "capacity_tokens", "hit_tokens",
