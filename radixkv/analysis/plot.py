@@ -135,10 +135,16 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
     gib = _gib_per_token(models.pop()) if len(models) == 1 and in_tokens else None
     ceiling = no_eviction_ceiling(rows) if ceiling is None else ceiling
     handles: dict = {}
+    # One style per series name across the panels: a series missing from a panel (a curve has no
+    # prefill figures) must not shift the others onto its colour.
+    names = sorted({name for key, _, _ in panels for name in _series(rows, key)},
+                   key=lambda name: (CEILING_POLICY in name, name))
+    style_index = {name: i for i, name in enumerate(names)}
     for ax, (key, label, scale) in zip(axes[0], panels):
         series = sorted(_series(rows, key).items(), key=lambda kv: (CEILING_POLICY in kv[0], kv[0]))
         seen: Dict[tuple, str] = {}
-        for i, (name, points) in enumerate(series):
+        for name, points in series:
+            i = style_index[name]
             xs, ys = zip(*points)
             if CEILING_POLICY in name:
                 style = dict(color="black", linestyle="--", linewidth=1.8, marker="x")

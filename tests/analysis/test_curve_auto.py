@@ -80,3 +80,23 @@ def test_plot_draws_the_dense_curve_as_a_line_in_tokens(trace, tmp_path, monkeyp
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "capacity (tokens)"
     assert lines["no eviction"].get_ydata()[0] == pytest.approx(curve["no_eviction_hit_rate"])
     assert any("GiB" in child.get_xlabel() for child in ax.child_axes)  # the model's KV on the top axis
+
+
+def test_a_policy_keeps_its_style_in_both_panels_beside_a_curve(tmp_path, monkeypatch):
+    """A curve has no prefill panel series; the policies after it must not change colour there."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from radixkv.analysis.plot import plot_results
+
+    rows = [{"policy": p, "num_blocks": c, "page_size": 16, "token_hit_rate": r + d, "prefill_flops_saved": int((r + d) * 1e15)}
+            for p, d in (("lru", 0.0), ("s3fifo", 0.1)) for c, r in ((100, 0.2), (1000, 0.5))]
+    rows += [{"policy": "lru (curve)", "num_blocks": c, "page_size": 16, "token_hit_rate": c / 2000}
+             for c in range(1, 1001, 40)]
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    plot_results(rows, str(tmp_path / "p.png"))
+    hit, flops = ({line.get_label(): line for line in ax.get_lines()} for ax in figures[0].axes[:2])
+    for name in ("lru", "s3fifo"):
+        assert (hit[name].get_color(), hit[name].get_marker(), str(hit[name].get_linestyle())) == (
+            flops[name].get_color(), flops[name].get_marker(), str(flops[name].get_linestyle())), name
