@@ -28,7 +28,8 @@ from .errors import ArgumentValueError
 from .analysis.replay import ReplayResult
 from .analysis.replay import replay as replay_requests
 from .workload.sharegpt import load_sharegpt
-from .workload.sources import TRACE_FORMATS, Trace, detect_format, open_trace
+from .workload.hf_tokenizer import load_tokenizer
+from .workload.sources import TRACE_FORMATS, TokenizerLike, Trace, detect_format, open_trace
 from .analysis.stats import RequestRecord
 from .workload.traces import Request, TraceReader
 
@@ -42,7 +43,8 @@ __all__ = [
     "resolve_blocks", "parse_capacity", "parse_capacities", "parse_bytes", "describe",
     "ModelSpec", "HardwareSpec", "Hardware", "CostModel", "MODELS", "HARDWARE", "get_model", "get_hardware",
     "kv_bytes_per_token", "kv_bytes_per_page", "prefill_flops",
-    "open_trace", "detect_format", "Trace", "TraceReader", "load_sharegpt", "Request", "TRACE_FORMATS",
+    "open_trace", "detect_format", "Trace", "TraceReader", "load_sharegpt", "load_tokenizer", "Request",
+    "TRACE_FORMATS",
 ]
 
 
@@ -72,12 +74,14 @@ class CurvePoint:
     token_hit_rate: float
 
 
-def _trace(trace: TraceLike, format: Optional[str], limit: Optional[int]):
+def _trace(trace: TraceLike, format: Optional[str], limit: Optional[int], tokenizer: TokenizerLike = None):
     """A re-iterable trace: ``open_trace`` for a path, a list for other iterables."""
     if isinstance(trace, str) or hasattr(trace, "__fspath__"):
-        return open_trace(trace, format, limit=limit)  # type: ignore[arg-type]
+        return open_trace(trace, format, limit=limit, tokenizer=tokenizer)  # type: ignore[arg-type]
     if format is not None:
         raise ArgumentValueError("format applies to a trace path, not to a sequence of requests")
+    if tokenizer is not None:
+        raise ArgumentValueError("tokenizer applies to a text (ShareGPT) trace path, not to a sequence of requests")
     requests = list(trace)
     return requests if limit is None else requests[:limit]
 
@@ -102,18 +106,20 @@ def _distinct(requests, page_size: int) -> int:
 def replay(trace: TraceLike, *, policy: str = "lru", num_blocks: object = None, max_total_tokens: object = None,
            kv_cache_memory: object = None, page_size: int = 16, model: ModelLike = DEFAULT_MODEL,
            hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE, format: Optional[str] = None,
-           limit: Optional[int] = None, miss_reasons: bool = True) -> ReplayResult:
+           limit: Optional[int] = None, miss_reasons: bool = True, tokenizer: TokenizerLike = None) -> ReplayResult:
     """Replay ``trace`` through one :class:`~radixkv.PrefixCache` and return its totals.
 
     Capacity: exactly one of ``num_blocks``, ``max_total_tokens`` (SGLang's pool size) or
     ``kv_cache_memory`` (bytes or ``"40GiB"``, through ``model``'s KV bytes per page); see
     :func:`radixkv.capacity.resolve_blocks`. Cost: one pass over the trace (two for Belady).
+    ``tokenizer``: for a ShareGPT trace, a local ``tokenizer.json`` path (the ``radixkv[tokenizers]``
+    extra) or a ``text -> ids`` callable instead of the built-in tokenizer.
     For tiers, records or events, build the cache yourself and call
     :func:`radixkv.analysis.replay.replay` (``replay_requests`` here).
     """
     blocks = resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens,
                             kv_cache_memory=kv_cache_memory, page_size=page_size, model=model)
-    requests = _trace(trace, format, limit)
+    requests = _trace(trace, format, limit, tokenizer)
     cache = PrefixCache(num_blocks=blocks, page_size=page_size, policy=policy)
     return replay_requests(requests, cache, miss_reasons=miss_reasons, model=model, hardware=hardware)
 
@@ -121,24 +127,27 @@ def replay(trace: TraceLike, *, policy: str = "lru", num_blocks: object = None, 
 def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequence[object]], *,
           page_size: int = 16, model: ModelLike = DEFAULT_MODEL, hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE,
           format: Optional[str] = None, limit: Optional[int] = None, miss_reasons: bool = True,
-          processes: int = 1) -> "Records":
+          processes: int = 1, tokenizer: TokenizerLike = None) -> "Records":
     """One replay per (policy, capacity), policies outermost; a :class:`Records` of
     :class:`~radixkv.analysis.replay.ReplayResult`.
 
     ``capacities`` items are blocks (``1000``, ``"10k"``), tokens (``"3Mtok"``), bytes
     (``"40GiB"``) or shares of the trace's distinct pages (``"25%"``), as a list or a
     comma-separated string. ``processes > 1`` replays a trace *path* in worker processes
-    (the numbers do not depend on it).
+    (the numbers do not depend on it). ``tokenizer`` as :func:`replay`.
     """
     from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
     names = parse_policies(",".join(policies) if not isinstance(policies, str) else policies)
-    requests = _trace(trace, format, limit)
+    requests = _trace(trace, format, limit, tokenizer)
     caps = parse_capacities(capacities, page_size=page_size, model=model,
                             distinct_pages=lambda: _distinct(requests, page_size))
-    if processes > 1 and isinstance(requests, Trace) and isinstance(model, str) and isinstance(hardware, str):
+    if (processes > 1 and isinstance(requests, Trace) and isinstance(model, str) and isinstance(hardware, str)
+            and not callable(tokenizer)):
+        path = None if tokenizer is None else str(tokenizer)
         jobs = [SweepJob(requests.path, p, c, page_size=page_size, format=requests.format, limit=limit,
-                         model=model, hardware=hardware, miss_reasons=miss_reasons) for p in names for c in caps]
+                         model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=path)
+                for p in names for c in caps]
         fields = ReplayResult.__dataclass_fields__
         return Records(ReplayResult(**{k: v for k, v in row.items() if k in fields})
                        for row in run_sweep(jobs, processes))
@@ -147,15 +156,20 @@ def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequ
                    for p in names for c in caps)
 
 
-def curve(trace: TraceLike, capacities: Union[str, Sequence[object]], *, page_size: int = 16,
-          model: ModelLike = DEFAULT_MODEL, format: Optional[str] = None, limit: Optional[int] = None) -> "Records":
+def curve(trace: TraceLike, capacities: Union[str, Sequence[object], None] = "auto", *, page_size: int = 16,
+          model: ModelLike = DEFAULT_MODEL, format: Optional[str] = None, limit: Optional[int] = None,
+          tokenizer: TokenizerLike = None) -> "Records":
     """LRU's hit tokens at every capacity from one pass (:func:`radixkv.analysis.sweep.trace_curve`), equal to
-    an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`."""
+    an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`,
+    or ``"auto"`` / ``None`` (the default): about 50 log-spaced capacities from 1 block to the trace's
+    distinct pages (:func:`radixkv.analysis.curve.log_grid`), free from the same pass. ``tokenizer`` as
+    :func:`replay`."""
     from .analysis.sweep import trace_curve
 
-    requests = _trace(trace, format, limit)
-    caps = parse_capacities(capacities, page_size=page_size, model=model,
-                            distinct_pages=lambda: _distinct(requests, page_size))
+    requests = _trace(trace, format, limit, tokenizer)
+    caps = None if capacities is None or (isinstance(capacities, str) and capacities.strip() == "auto") else \
+        parse_capacities(capacities, page_size=page_size, model=model,
+                         distinct_pages=lambda: _distinct(requests, page_size))
     result = trace_curve(requests, page_size, caps, mooncake=_is_mooncake(requests))
     return Records(CurvePoint(c, c * page_size, page_size, h, result.prompt_tokens, r)
                    for c, h, r in zip(result.capacities, result.hit_tokens, result.token_hit_rates))

@@ -6,6 +6,7 @@ with status 2; there is no traceback for them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -113,6 +114,28 @@ def show(rows: list, columns: list, fmt: str, spec: Optional[str]) -> None:
     click.echo(render(rows, chosen if fmt != "table" else fit_columns(rows, chosen, bool(spec)), fmt))
 
 
+def tokenizer_option(fn: Callable) -> Callable:
+    """``--tokenizer PATH``: a local ``tokenizer.json`` for ShareGPT text."""
+    return click.option("--tokenizer", "tokenizer_path", default=None, metavar="PATH",
+                        help="A local tokenizer.json for ShareGPT text, read with the tokenizers library "
+                             "(pip install 'radixkv[tokenizers]'); default: the built-in tokenizer.")(fn)
+
+
+def cli_trace(trace: str, trace_fmt: Optional[str], limit: Optional[int], skip_bad: bool,
+              tokenizer_path: Optional[str] = None):
+    """:func:`open_trace` for a command, with ``--tokenizer`` loaded (its errors name the flag)."""
+    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    if tokenizer_path is None:
+        return reader
+    if reader.format != "sharegpt":
+        raise ArgumentValueError(f"--tokenizer applies to text (ShareGPT) traces; {trace} is a {reader.format} "
+                                 "trace of token ids")
+    from .workload.hf_tokenizer import load_tokenizer
+
+    return open_trace(reader.path, reader.format, limit=limit, skip_bad=skip_bad,
+                      tokenizer=load_tokenizer(tokenizer_path, "--tokenizer"))
+
+
 def capacity_options(what: str) -> Callable:
     """``--num-blocks`` / ``--max-total-tokens`` / ``--kv-cache-memory``: one size, three units."""
     def decorate(fn: Callable) -> Callable:
@@ -187,6 +210,32 @@ def cost_options(fn: Callable) -> Callable:
                         help="Model for the prefill FLOPs / TTFT saving estimates.")(fn)
 
 
+def records_option(fn: Callable) -> Callable:
+    """``--records FILE``: one JSON line per request."""
+    return click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
+                        help="Write one JSON record per request (hits, misses by reason, evictions) to this "
+                             "file.")(fn)
+
+
+@contextlib.contextmanager
+def records_writer(path: Optional[str]):
+    """``write(record, **extra)`` appending one JSON line per request to ``path``, or ``None`` without one."""
+    if not path:
+        yield None
+        return
+    with open(path, "w", encoding="utf-8") as sink:
+        yield lambda record, **extra: sink.write(to_json({**record.as_dict(), **extra}) + "\n")
+
+
+def show_savings(out: dict, out_fmt: str) -> None:
+    """The tail of a replay's table: missed tokens by reason (when classified) and the prefill saved."""
+    if out.get("miss_tokens_by_reason"):
+        click.echo()
+        show(miss_rows(out), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
+    click.echo(f"\nprefill saved: {out['prefill_flops_saved'] / 1e15:.4g} PFLOP, "
+               f"{out['ttft_saving_seconds']:.4g} s of TTFT ({out['model']} on {out['hardware']})")
+
+
 def miss_rows(result: dict) -> list:
     """Rows (reason, tokens, share of prompt tokens) of a replay result's misses, hits first."""
     prompt = result["prompt_tokens"] or 1
@@ -224,17 +273,17 @@ def main() -> None:
               help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
-@click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write one JSON record per request (hits, misses by reason, evictions) to this file.")
+@records_option
 @click.option("--kv-events-endpoint", default=None, metavar="ZMQ",
               help="Publish KV events in vLLM's ZMQ format (e.g. tcp://*:5557), one batch per request.")
 @click.option("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
               help="With --kv-events-endpoint: answer vLLM-style replay requests here.")
+@tokenizer_option
 @cost_options
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
-               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, model, hardware,
+               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
                miss_reasons) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
@@ -250,15 +299,14 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     remote_blocks = tier_blocks("--remote-blocks", remote_blocks, page_size, model)
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back, enable_events=publisher is not None)
-    sink = open(records, "w", encoding="utf-8") if records else None
-    on_record = (lambda rec: sink.write(to_json(rec.as_dict()) + "\n")) if sink else None
     try:
-        with progress(bar_total(reader, quiet), quiet, "replay") as bar, warnings.catch_warnings():
+        with records_writer(records) as on_record, progress(bar_total(reader, quiet), quiet, "replay") as bar, \
+                warnings.catch_warnings():
             # A failing tier warns through Python's warnings; its counters are reported below instead.
             warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"radixkv\.tiers(\.|$)")
 
@@ -272,8 +320,6 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     finally:
         if publisher is not None:
             publisher.close()
-        if sink is not None:
-            sink.close()
         if hasattr(cache, "close"):
             cache.close()
     out = result.as_dict()
@@ -299,11 +345,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
             click.echo()
             show([tier_row(out)], TIER_COLUMNS, out_fmt, None)
             click.echo(tier_traffic(out))
-        if result.miss_tokens_by_reason:
-            click.echo()
-            show(miss_rows(result.as_dict()), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
-        click.echo(f"\nprefill saved: {result.prefill_flops_saved / 1e15:.4g} PFLOP, "
-                   f"{result.ttft_saving_seconds:.4g} s of TTFT ({result.model} on {result.hardware})")
+        show_savings(out, out_fmt)
     if reader.skipped and out_fmt != "json":
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
     if tiered and (out["lost_hosts"] or out["backend_errors"]):
@@ -482,20 +524,21 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one JSON line per (policy, capacity) to this file.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@tokenizer_option
 @cost_options
 @user_errors
 def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
-              output, quiet, model, hardware, miss_reasons) -> None:
+              output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
     from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     names = named("--policies", parse_policies, policy_list)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)  # a missing file fails before any work
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)  # a missing file fails before any work
     caps = cli_capacities(capacities, reader, page_size, model)
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
-                          model=model, hardware=hardware, miss_reasons=miss_reasons)
+                          model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path)
                  for p in names for c in caps]
     with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
         rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
@@ -511,16 +554,21 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 @main.command("curve")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--capacities", required=True, help=CAPACITIES_HELP)
+@click.option("--capacities", default="auto", show_default=True,
+              help=CAPACITIES_HELP + " auto: about 50 log-spaced capacities from 1 block to the trace's "
+                                     "distinct pages.")
 @output_options
 @click.option("--limit", default=None, type=click.IntRange(min=0), help="Use only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size the GiB column.")
+@tokenizer_option
 @user_errors
-def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model) -> None:
+def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model,
+              tokenizer_path) -> None:
     """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
-    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each.
+    protection rule), equal to a per-capacity `radixkv replay --policy lru` at each. Without
+    --capacities, a dense log-spaced grid up to the trace's distinct pages (for `radixkv plot`).
 
     --format json prints one object: {"capacities": [...], "hit_tokens": [...], "prompt_tokens": N, ...}."""
     from .costs import get_model
@@ -528,8 +576,8 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     get_model(model)
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
-    caps = cli_capacities(capacities, reader, page_size, model)
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    caps = None if capacities.strip() == "auto" else cli_capacities(capacities, reader, page_size, model)
     with progress(bar_total(reader, quiet), quiet, "curve") as bar:
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
                             on_request=lambda r: bar.update())
@@ -546,7 +594,8 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
         click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
-                               "trace": trace, "skipped_lines": reader.skipped}))
+                               "trace": trace, "skipped_lines": reader.skipped, "model": model,
+                               "no_eviction_hit_rate": curve.max_hit_tokens / max(curve.prompt_tokens, 1)}))
 
 
 CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate"]
@@ -629,13 +678,18 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
 @output_options
 @click.option("--limit", type=click.IntRange(min=0), default=None, help="Replay only the first N requests.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size --kv-cache-memory.")
-@click.option("--quiet", is_flag=True, help="Accepted like the other commands' (cluster shows no progress bar).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@records_option
+@tokenizer_option
+@cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
                 lend_cap, low_watermark, lending, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
-                skip_bad, model, quiet) -> None:
-    """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending."""
+                skip_bad, quiet, records, tokenizer_path, model, hardware, miss_reasons) -> None:
+    """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
+
+    Like `radixkv replay`: misses by reason (each about the instance that served the request),
+    prefill saved for --model on --hardware, and --records (each record adds its `instance`)."""
     from .cluster import Cluster, routes_ahead
 
     if policies.create(policy).offline and not routes_ahead(routing, instances):
@@ -646,11 +700,20 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
-    out = cluster.replay(open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)).as_dict()
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
+        result = cluster.replay(reader, on_request=lambda r, h: bar.update(), miss_reasons=miss_reasons,
+                                on_record=(lambda rec, i: write(rec, instance=i)) if write else None,
+                                model=model, hardware=hardware)
+    out = {**result.as_dict(), "skipped_lines": reader.skipped}
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)
-    if out_fmt == "table":
-        click.echo(f"\ncapacity per instance: {capacity_line(num_blocks, page_size, model)}")
+    if out_fmt == "table" and not columns:
+        click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
+                   f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
+        show_savings(out, out_fmt)
+    if reader.skipped and out_fmt != "json":
+        click.echo(f"skipped {reader.skipped} malformed lines", err=True)
 
 
 CLUSTER_COLUMNS = ["routing", "borrowing", "instances", "num_blocks", "capacity_tokens", "hit_tokens",

@@ -32,11 +32,12 @@ bound of the least loaded) and replays traces.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -46,7 +47,8 @@ from .errors import ArgumentValueError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .workload.traces import Request
 from .analysis.replay import pages_loaded
-from .analysis.stats import ReplayStats
+from .analysis.stats import ReplayStats, RequestRecord
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.host import HostTier
 from .tiers.lending import BorrowedTier
@@ -380,6 +382,9 @@ class ClusterResult:
             as :class:`~radixkv.analysis.replay.ReplayResult`.
         manager_seconds / manager_us_per_request: wall time in the global manager, total and per request.
         wall_seconds: replay time.
+        miss_tokens_by_reason: missed tokens per reason, summed over instances (empty without
+            miss reasons); model, hardware, prefill_flops_saved: as ReplayResult; evicted_blocks:
+            blocks evicted to make room for requests, summed over instances.
     """
 
     routing: str
@@ -407,6 +412,11 @@ class ClusterResult:
     manager_seconds: float
     manager_us_per_request: float
     wall_seconds: float
+    miss_tokens_by_reason: Dict[str, int] = field(default_factory=dict)
+    model: str = DEFAULT_MODEL
+    hardware: str = DEFAULT_HARDWARE
+    prefill_flops_saved: int = 0
+    evicted_blocks: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -513,8 +523,12 @@ class Cluster:
                 best = (key, inst.index)
         return best[1]
 
-    def admit(self, tokens, *, namespace: Optional[str] = None) -> Tuple[int, Admission]:
-        """Route and admit one request; returns ``(instance index, admission)``. Release it when done."""
+    def admit(self, tokens, *, namespace: Optional[str] = None,
+              on_routed: Optional[Callable[[int], None]] = None) -> Tuple[int, Admission]:
+        """Route and admit one request; returns ``(instance index, admission)``. Release it when done.
+
+        ``on_routed(i)`` is called once the request's instance ``i`` is chosen and its recalls are
+        done, just before its cache admits it (a replay's miss reasons look at that cache then)."""
         tokens = as_tokens(tokens)  # before routing or recalls change anything
         i = self.route(tokens, namespace)
         inst = self.instances[i]
@@ -527,6 +541,8 @@ class Cluster:
             short = len(tokens) // self.page_size - cached - cache.num_free_blocks
             if short > 0:
                 m.recall(i, short, below=m.coldest(i) if m.by_value else None)
+        if on_routed is not None:
+            on_routed(i)
         admission = cache.admit(tokens, namespace=namespace)
         m.clock = max(m.clock, cache.clock)
         inst.requests += 1
@@ -534,8 +550,20 @@ class Cluster:
         self.manager.heartbeat(i)
         return i, admission
 
-    def replay(self, requests: Iterable[Request]) -> ClusterResult:
+    def replay(self, requests: Iterable[Request], *,
+               on_request: Optional[Callable[[Request, int], None]] = None,
+               on_record: Optional[Callable[[RequestRecord, int], None]] = None, miss_reasons: bool = False,
+               model: Union[str, ModelSpec] = DEFAULT_MODEL,
+               hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE) -> ClusterResult:
         """Replay ``requests`` in order, each admitted and released at once; return the totals.
+
+        As :func:`~radixkv.analysis.replay.replay`: ``on_request(request, hit_tokens)`` after each
+        request (progress), ``on_record(record, instance)`` with its
+        :class:`~radixkv.analysis.stats.RequestRecord` (``index`` in trace order) and the instance
+        that served it, ``miss_reasons`` to classify every missed token, ``model`` / ``hardware``
+        to price the hits. Each instance keeps its own :class:`~radixkv.analysis.stats.ReplayStats`:
+        a miss reason is about the instance that served the request (a page cached only on
+        another instance is a ``first_sight`` there), and the totals are their sums.
 
         An offline policy first gets each instance's share of ``requests`` (the
         ones round robin will send it, in order), as
@@ -547,27 +575,19 @@ class Cluster:
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
             self._prepare(requests)
-        costs = self.instances[0].cache.cost_model
-        stats = ReplayStats(self.page_size, miss_reasons=False, tier_costs=costs)
-        lower = tuple(costs.tier_paths)
-        m = self.manager
-        seconds0 = m.seconds
-        prompt = hits = count = 0
-        borrowed_seconds = 0.0
-        for request in requests:
-            before = [inst.cache.hit_tokens_by_tier for inst in self.instances] if self.borrowing else None
-            i, a = self.admit(request.tokens, namespace=request.namespace)
-            a.release()
-            loaded = None
-            if before is not None:  # any instance's tiers may move on a recall; only i's serve hits
-                loaded = pages_loaded(before[i], self.instances[i].cache.hit_tokens_by_tier, lower, self.page_size)
-                n = loaded.get("borrowed", 0)
-                if n:
-                    borrowed_seconds += stats.costs.transfer_seconds("borrowed", n * stats.costs.page_bytes)
-            stats.add(request, a.hit_tokens, len(a.new_blocks), 0, 0, loaded_pages=loaded)
-            prompt += len(request.tokens)
-            hits += a.hit_tokens
-            count += 1
+        stats = [ReplayStats(self.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
+                             tier_costs=inst.cache.cost_model) for inst in self.instances]
+        try:
+            count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons)
+        finally:
+            for inst, st in zip(self.instances, stats):
+                st.detach(inst.cache)
+        prompt = sum(st.prompt_tokens for st in stats)
+        hits = sum(st.hit_tokens for st in stats)
+        misses: Dict[str, int] = {}
+        for st in stats:
+            for reason, tokens in st.miss_tokens_by_reason.items():
+                misses[reason] = misses.get(reason, 0) + tokens
         by_tier: Dict[str, int] = {}
         links: Dict[str, int] = {}
         for inst in self.instances:
@@ -586,9 +606,45 @@ class Cluster:
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
             lending=self.lending, pages_evicted_to_lend=m.evicted_to_lend,
             borrowed_hit_tokens=by_tier.get("borrowed", 0), borrowed_transfer_seconds=borrowed_seconds,
-            ttft_saving_seconds=stats.ttft_saving_seconds, manager_seconds=m.seconds - seconds0,
+            ttft_saving_seconds=sum(st.ttft_saving_seconds for st in stats), manager_seconds=m.seconds - seconds0,
             manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
-            wall_seconds=time.perf_counter() - start)
+            wall_seconds=time.perf_counter() - start, miss_tokens_by_reason=misses, model=stats[0].model.name,
+            hardware=stats[0].hardware.name, prefill_flops_saved=sum(st.prefill_flops_saved for st in stats),
+            evicted_blocks=sum(st.evicted_blocks for st in stats))
+
+    def _replay(self, requests: Iterable[Request], stats: List[ReplayStats], on_request, on_record,
+                miss_reasons: bool) -> Tuple[int, float, float]:
+        """The loop of :meth:`replay`: (requests replayed, borrowed transfer seconds, manager seconds at start)."""
+        lower = tuple(self.instances[0].cache.cost_model.tier_paths)
+        seconds0 = self.manager.seconds
+        count = 0
+        borrowed_seconds = 0.0
+        other = [0]
+
+        def routed(i: int) -> None:  # just before instance i admits the request: its other namespaces' pages
+            other[0] = stats[i].other_pages(self.instances[i].cache, request) if miss_reasons else 0
+
+        for request in requests:
+            before = [inst.cache.hit_tokens_by_tier for inst in self.instances] if self.borrowing else None
+            counters = [(inst.cache.evicted_blocks, inst.cache.declined_blocks) for inst in self.instances]
+            i, a = self.admit(request.tokens, namespace=request.namespace, on_routed=routed)
+            a.release()
+            cache, st = self.instances[i].cache, stats[i]
+            loaded = None
+            if before is not None:  # any instance's tiers may move on a recall; only i's serve hits
+                loaded = pages_loaded(before[i], cache.hit_tokens_by_tier, lower, self.page_size)
+                n = loaded.get("borrowed", 0)
+                if n:
+                    borrowed_seconds += st.costs.transfer_seconds("borrowed", n * st.costs.page_bytes)
+            record = st.add(request, a.hit_tokens, len(a.new_blocks), cache.declined_blocks - counters[i][1],
+                            cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
+                            want_record=on_record is not None)
+            if on_request is not None:
+                on_request(request, a.hit_tokens)
+            if record is not None:
+                on_record(dataclasses.replace(record, index=count), i)
+            count += 1
+        return count, borrowed_seconds, seconds0
 
     def crash(self, index: int) -> int:
         """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.

@@ -54,3 +54,7 @@ class TraceFormatError(RadixKVError, ValueError):
         self.line = line
         self.message = message
         super().__init__(f"{path}:{line}: {message}")
+
+
+class MissingExtraError(RadixKVError, ImportError):
+    """An optional feature needs a library that is not installed; the message names the extra to install."""

@@ -48,7 +48,30 @@ from ..keys import as_tokens, check_int
 from ..page_keys import PageInterner
 from ..workload.traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, expand_mooncake, json_lines
 
-__all__ = ["CurveResult", "LruStackDistances", "PageInterner", "lru_curve", "lru_curve_mooncake", "mooncake_page_ids"]
+__all__ = ["AUTO_POINTS", "CurveResult", "LruStackDistances", "PageInterner", "log_grid", "lru_curve",
+           "lru_curve_mooncake", "mooncake_page_ids"]
+
+AUTO_POINTS = 50
+"""Capacities of an automatic curve grid (:func:`log_grid`)."""
+
+
+def log_grid(top: int, points: int = AUTO_POINTS) -> list[int]:
+    """``min(points, top)`` log-spaced whole capacities from 1 to ``top`` blocks, both ends included,
+    strictly increasing (where rounding would repeat a small capacity the next whole one is taken,
+    so the low end is dense rather than short of points). For a one-pass curve, where every
+    capacity costs nothing once the pass is done, ``top`` is the trace's distinct pages: the curve
+    is flat beyond it. Cost: O(points).
+
+    Example:
+        >>> log_grid(1000, 4)
+        [1, 10, 100, 1000]
+    """
+    top = max(check_int(top, "top", minimum=0), 1)
+    points = check_int(points, "points", minimum=2)
+    grid: list[int] = []
+    for c in np.geomspace(1, top, min(points, top)):
+        grid.append(max(int(round(c)), grid[-1] + 1 if grid else 1))
+    return grid
 
 
 

@@ -47,7 +47,8 @@ def _curve_rows(obj: dict, path: str, lineno: int) -> List[dict]:
         raise TraceFormatError(path, lineno, "fields 'capacities' and 'hit_tokens' must be lists of equal length")
     if not isinstance(prompt, int) or prompt <= 0:
         raise TraceFormatError(path, lineno, f"field 'prompt_tokens' must be an int > 0, got {prompt!r}")
-    return [{"policy": "lru (curve)", "num_blocks": c, "token_hit_rate": h / prompt, "trace": obj.get("trace")}
+    extra = {key: obj[key] for key in ("trace", "page_size", "model", "no_eviction_hit_rate") if key in obj}
+    return [{"policy": "lru (curve)", "num_blocks": c, "token_hit_rate": h / prompt, **extra}
             for c, h in zip(caps, hits)]
 
 
@@ -66,6 +67,9 @@ def _series(rows: List[dict], key: str) -> Dict[str, List[Tuple[int, float]]]:
     return {label: sorted(points) for label, points in lines.items()}
 
 
+DENSE_POINTS = 20
+"""A series with more points than this is drawn as a line with a few evenly spaced markers."""
+
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999999")
@@ -75,9 +79,12 @@ and line styles differ too, for greyscale."""
 
 def no_eviction_ceiling(rows: List[dict]) -> Optional[float]:
     """Token hit rate with unbounded capacity, from any run's miss reasons: every miss but the
-    first sight of a page (and partial pages, other namespaces' pages) would have hit."""
+    first sight of a page (and partial pages, other namespaces' pages) would have hit; or as a
+    one-pass curve gives it (``no_eviction_hit_rate``)."""
     best = None
     for row in rows:
+        if isinstance(row.get("no_eviction_hit_rate"), (int, float)):
+            best = max(best or 0.0, float(row["no_eviction_hit_rate"]))
         misses, prompt = row.get("miss_tokens_by_reason"), row.get("prompt_tokens")
         if not misses or not prompt:
             continue
@@ -128,10 +135,16 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
     gib = _gib_per_token(models.pop()) if len(models) == 1 and in_tokens else None
     ceiling = no_eviction_ceiling(rows) if ceiling is None else ceiling
     handles: dict = {}
+    # One style per series name across the panels: a series missing from a panel (a curve has no
+    # prefill figures) must not shift the others onto its colour.
+    names = sorted({name for key, _, _ in panels for name in _series(rows, key)},
+                   key=lambda name: (CEILING_POLICY in name, name))
+    style_index = {name: i for i, name in enumerate(names)}
     for ax, (key, label, scale) in zip(axes[0], panels):
         series = sorted(_series(rows, key).items(), key=lambda kv: (CEILING_POLICY in kv[0], kv[0]))
         seen: Dict[tuple, str] = {}
-        for i, (name, points) in enumerate(series):
+        for name, points in series:
+            i = style_index[name]
             xs, ys = zip(*points)
             if CEILING_POLICY in name:
                 style = dict(color="black", linestyle="--", linewidth=1.8, marker="x")
@@ -139,6 +152,8 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
             else:
                 style = dict(color=COLORS[i % len(COLORS)], linestyle=LINESTYLES[i % len(LINESTYLES)],
                              marker=MARKERS[i % len(MARKERS)], linewidth=1.4)
+            if len(xs) > DENSE_POINTS:  # a one-pass curve's grid: a line, with a few markers to tell it apart
+                style["markevery"] = 0.1  # evenly spaced along the drawn line, on a log axis too
             same = seen.setdefault(tuple(points), name)
             shown = name if same == name else f"{name} (same as {same})"
             (line,) = ax.plot(xs, [y * scale for y in ys], markersize=4, label=shown, **style,

@@ -19,7 +19,7 @@ from .. import policies
 from ..cache import PrefixCache
 from ..capacity import parse_capacities, parse_capacity  # noqa: F401  (re-exported: sweep's capacities)
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL
-from .curve import CurveResult, LruStackDistances, PageInterner, mooncake_page_ids
+from .curve import CurveResult, LruStackDistances, PageInterner, log_grid, mooncake_page_ids
 from ..errors import ArgumentValueError, RadixKVError
 from .replay import replay
 from ..workload.sources import open_trace
@@ -52,11 +52,13 @@ class SweepJob:
     model: str = DEFAULT_MODEL
     hardware: str = DEFAULT_HARDWARE
     miss_reasons: bool = True
+    tokenizer: Optional[str] = None
+    """Path of a ``tokenizer.json`` for a ShareGPT trace (default: the built-in tokenizer)."""
 
 
 def run_job(job: SweepJob) -> dict:
     """Replay one job; the :class:`~radixkv.analysis.replay.ReplayResult` as a dict plus ``trace`` and ``skipped_lines``."""
-    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad)
+    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
     cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=job.policy)
     result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware)
     return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
@@ -100,11 +102,13 @@ def run_sweep(jobs: Sequence[SweepJob], processes: int = 1,
     return rows  # type: ignore[return-value]
 
 
-def trace_curve(requests: Iterable[Request], page_size: int, capacities: Sequence[int], *,
+def trace_curve(requests: Iterable[Request], page_size: int, capacities: Optional[Sequence[int]], *,
                 mooncake: bool = False, on_request: Optional[Callable[[Request], None]] = None) -> CurveResult:
     """LRU hit tokens at every capacity from one pass over ``requests`` (:mod:`radixkv.analysis.curve`).
 
     Equal, capacity by capacity, to ``replay`` through ``PrefixCache(c, page_size, "lru")``.
+    ``capacities=None`` picks the dense automatic grid :func:`~radixkv.analysis.curve.log_grid`
+    from 1 block to the trace's distinct pages (known only after the pass; free then).
     Pages are identified as :func:`_page_ids` says (``mooncake=True``: by Mooncake block
     ids, one dict lookup per 512 tokens). The curve does not model namespaces: a
     request with one raises ValueError.
@@ -117,7 +121,7 @@ def trace_curve(requests: Iterable[Request], page_size: int, capacities: Sequenc
         stack.add(ids, len(request.tokens))
         if on_request is not None:
             on_request(request)
-    return stack.result(capacities)
+    return stack.result(log_grid(stack.num_live) if capacities is None else capacities)
 
 
 def distinct_pages(requests: Iterable[Request], page_size: int, *, mooncake: bool = False) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from typing import Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional, Union
 
 from ..errors import ArgumentValueError, TraceFormatError
 from .tracefiles import compression, open_binary, read_lines, resolve
@@ -111,8 +111,11 @@ def detect_format(path: str) -> str:
     return "tokens"
 
 
+TokenizerLike = Union[str, os.PathLike, Callable[[str], Iterable[int]], None]
+
+
 def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] = None, skip_bad: bool = False,
-               num_sessions: int = 16, request_rate: float = 1.0) -> Trace:
+               num_sessions: int = 16, request_rate: float = 1.0, tokenizer: TokenizerLike = None) -> Trace:
     """Open ``path`` for replay; nothing is read beyond the first line until iterated.
 
     Args:
@@ -122,9 +125,14 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
             list with broken syntax still raises).
         num_sessions, request_rate: ShareGPT interleaving and synthetic arrival rate
             (see :func:`radixkv.workload.sharegpt.load_sharegpt`).
+        tokenizer: for ShareGPT text, the path of a local ``tokenizer.json`` (read with the
+            ``tokenizers`` library, :func:`radixkv.workload.hf_tokenizer.load_tokenizer`) or any
+            ``text -> ids`` callable; default the built-in :mod:`radixkv.workload.tokenizer`.
 
     Raises:
-        ValueError: an unknown format or a bad ``limit``.
+        ValueError: an unknown format, a bad ``limit``, a tokenizer file that cannot be read, or
+            a tokenizer for a trace that holds token ids (not text).
+        MissingExtraError: a tokenizer path without the ``tokenizers`` library.
         OSError: the file cannot be read.
 
     ``path`` may be gzip- or zstd-compressed, or ``"-"`` for standard input (:mod:`radixkv.workload.tracefiles`).
@@ -136,4 +144,12 @@ def open_trace(path: str, format: Optional[str] = None, *, limit: Optional[int] 
         raise ArgumentValueError(f"limit must be a non-negative int, got {limit!r}")
     compression(path)  # unreadable, or misnamed compression: fail before anything else
     fmt = format or detect_format(path)
-    return Trace(path, fmt, limit, skip_bad, {"num_sessions": num_sessions, "request_rate": request_rate})
+    if tokenizer is not None and fmt != "sharegpt":
+        raise ArgumentValueError(f"a tokenizer applies to text (ShareGPT) traces; {path} is a {fmt} trace of "
+                                 "token ids")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        from .hf_tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    return Trace(path, fmt, limit, skip_bad,
+                 {"num_sessions": num_sessions, "request_rate": request_rate, "tokenizer": tokenizer})
