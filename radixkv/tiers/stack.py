@@ -56,8 +56,12 @@ import numpy as np
 from .. import victims as _victims
 from ..tree import Node, RadixTree
 from ..victims import rank_key
-from .base import IN_FLIGHT, NO_SLOTS, SLOT_DTYPE, Copy, Tier, checksums
+from .base import IN_FLIGHT, NO_SLOTS, SLOT_DTYPE, Copy, InFlight, Tier, checksums
 from .transfers import HBM, TransferLedger
+
+ORPHANED = InFlight()
+"""Residency of an in-flight node whose path was lost while it waited for a slot (a page above it
+was dropped with every copy below it): whoever is placing it drops it instead of storing it."""
 
 Change = Tuple[str, Hashable, bytes, int, str, str]
 """A journal entry ``(kind, key, data, start, tier, source)``: pages ``start..`` of ``data`` (the
@@ -313,26 +317,32 @@ class TierStack:
     def _lose(self, node: Node) -> None:
         """Drop ``node``, a page lost below HBM (a refused write, a bad checksum, a lost host), with
         every lower copy below it: a hit needs the whole prefix, so they could not be served until
-        the lost pages were cached again, and would hold their slots meanwhile. Copies still in
-        flight (placed by a caller up the stack) are left to it. O(nodes below)."""
+        the lost pages were cached again, and would hold their slots meanwhile. Pages still in
+        flight below it (placed by a caller up the stack) are left to it, :data:`ORPHANED`: it
+        drops them rather than store them where no lookup reaches. O(nodes below)."""
         self.dropped_pages += self._drop_copies(node)
         if node.gen >= 0:
             self._drop(node)
 
     def _drop_copies(self, top: Node) -> int:
         """Drop every lower copy in ``top``'s subtree (``top`` too), each after the copies below it,
-        so a placeholder goes with its last copy; return the pages dropped. O(subtree)."""
+        so a placeholder goes with its last copy; return the pages dropped. Pages in flight there
+        become :data:`ORPHANED`: their placer drops them (:meth:`_place`). O(subtree)."""
         nodes = [top]
         for n in nodes:  # grows while iterated: parents before children
             if n.children:
                 nodes.extend(n.children.values())
         dropped = 0
         for n in reversed(nodes):
-            if n.gen >= 0 and isinstance(n.ext, Copy):
+            if n.gen < 0:
+                continue
+            if isinstance(n.ext, Copy):
                 dropped += n.num_pages
                 tier = n.ext.tier
                 self._give(tier, self._release(n).slots)
                 self._drop(n)
+            elif n.ext is IN_FLIGHT:  # being placed up the stack: stored now, it would hang below a lost page
+                self._set_ext(n, ORPHANED)
         return dropped
 
     # ------------------------------------------------------------------ reads
@@ -530,9 +540,12 @@ class TierStack:
         """Give in-flight ``nodes`` (shallowest first; payload rows from page ``start``) slots in tier ``i``."""
         tier = self.tiers[i]
         slots = self.reserve(i, sum(n.num_pages for n in nodes))
+        # Making room may have lost a page above some of them (a demotion whose read failed).
+        failed: List[Node] = [n for n in nodes if n.ext is ORPHANED]
+        if failed:
+            nodes = [n for n in nodes if n.ext is not ORPHANED]
         off = stored = 0
         leftover: List[Node] = []
-        failed: List[Node] = []
         refused: List[Node] = []
         for n in nodes:
             avail = len(slots) - off
@@ -682,7 +695,7 @@ class TierStack:
         resident: Dict[int, List[Node]] = {id(t): [] for t in self.tiers}
         for node in self.tree.nodes():
             ext = node.ext
-            assert ext is not IN_FLIGHT, f"{node} left in flight"
+            assert not isinstance(ext, InFlight), f"{node} left in flight"
             if ext is None:
                 assert node.children, f"placeholder leaf {node} was not collected"
                 continue
