@@ -7,21 +7,15 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from radixkv import api
 from radixkv.analysis.curve import AUTO_POINTS, log_grid
 from radixkv.analysis.replay import replay
 from radixkv.cache import PrefixCache
-from radixkv.cli import main
 from radixkv.workload.generators import generate, write_token_jsonl
 from radixkv.workload.traces import TraceReader
 
-
-def ok(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args], env={"COLUMNS": "100"})
-    assert result.exit_code == 0, (args, result.output)
-    return result.output
+from .test_cluster_cli import ok
 
 
 @pytest.fixture(scope="module")
