@@ -638,11 +638,11 @@ class PrefixCache:
         self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
         self._add_pages(node, data, present, new[:keep].copy(), now)
-        self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
-        if self._lower is not None and len(new):
+        if self._lower is not None and len(new):  # it reads the blocks: before they leave the cache
             self._lower.inserted(self._tree.find_root(namespace), data, present, new)
+        self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         return present
 
     def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
@@ -837,7 +837,7 @@ class PrefixCache:
 
     def reset(self) -> None:
         """Drop every cached page (blocks back to the pool, or the free-block sink). Raises if anything is protected."""
-        if self._protected or any(root.lock_ref for _, root in self._tree.roots()):
+        if self._protected or self._detached or any(root.lock_ref for _, root in self._tree.roots()):
             raise LockError("reset while pages are locked; release them first")
         if self._lower is not None:
             self._lower.reset()
