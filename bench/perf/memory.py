@@ -71,7 +71,7 @@ def measure(shape: str, pages: int, page_size: int, seed: int = 0) -> dict:
         raise ValueError(f"shape must be 'chat', 'fanout' or 'trace', got {shape!r}")
     after = _traced(tracemalloc.take_snapshot())
     tracemalloc.stop()
-    nodes = sum(1 for _ in cache._tree.nodes())
+    nodes = sum(1 for _ in cache.nodes())
     return {"shape": shape, "page_size": page_size, "pages": cache.num_cached_blocks, "nodes": nodes,
             "pages_per_node": round(cache.num_cached_blocks / nodes, 2),
             "bytes_per_page": round((after - before) / cache.num_cached_blocks, 1)}

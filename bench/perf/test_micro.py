@@ -2,7 +2,8 @@
 and replay throughput on both Mooncake traces.
 
     .venv/bin/python -m pytest bench/perf/test_micro.py --benchmark-only \
-        --benchmark-json bench/results/micro.json
+        --benchmark-json out/micro-raw.json
+    .venv/bin/python bench/perf/micro_summary.py out/micro-raw.json bench/results/micro
 
 Each size gets one cache, built once (module scope) by admitting random
 requests that extend random earlier prompts (80%) or start fresh (20%), until

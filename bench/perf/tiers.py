@@ -1,6 +1,7 @@
 """Spill-layer benchmarks on the Mooncake conversation trace (page 16); one JSON line per run.
 
-    .venv/bin/python bench/perf/tiers.py [tiers|cluster|redis|all] [--limit N] > bench/results/tiers.jsonl
+    .venv/bin/python bench/perf/tiers.py tiers > bench/results/tiers_hbm_host.jsonl   # also cluster, redis:
+    .venv/bin/python bench/perf/tiers.py cluster > bench/results/tiers_cluster.jsonl  # tiers_<which>.jsonl
 
 * ``tiers``: HBM 3M tokens (187,488 blocks) over a host tier of 0 / 3M / 12M tokens, each write
   policy: hit rate by tier, bytes per link, simulated transfer seconds; plus the single LRU of
