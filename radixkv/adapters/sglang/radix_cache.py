@@ -216,12 +216,15 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         The adapter looks up what it has just inserted. Counting that lookup
         as a use would give every new page a second use at once: ``slru``
         would protect it, ``lfu`` count it twice, ``sieve`` mark it visited.
-        Cost: one read-only walk (a match, which splits, only if the walk
-        ends inside a node, which an insert of ``tokens`` just ruled out).
+        Cost: one read-only walk when every page is cached (what an insert of
+        ``tokens`` leaves, unless the policy declined some); else a second
+        walk, and a match (which splits) only if the cached prefix ends inside
+        a node.
         """
         cache = self.cache
         m = cache.peek_match(tokens, namespace=namespace)
-        if m.num_tokens < cache.cached_pages(tokens, namespace=namespace) * self.page_size:
+        if (m.num_tokens < len(tokens) // self.page_size * self.page_size
+                and m.num_tokens < cache.cached_pages(tokens, namespace=namespace) * self.page_size):
             m = cache.match(tokens, namespace=namespace)
         return m.node, m.blocks
 
