@@ -791,7 +791,8 @@ class PrefixCache:
         assert len(live) == len(self._victims), "victim queue live count drifted"
         for nid, (key, node) in live.items():
             assert nid in evictable_leaves, f"victim queue holds {node}, which is not an evictable leaf"
-            assert key == self._rank_key(node), f"{node} queued at {key}, current rank {self._rank_key(node)}"
+            rank = rank_key(self._policy.priority, node)
+            assert key == rank, f"{node} queued at {key}, current rank {rank}"
         missing = [n for nid, n in evictable_leaves.items() if nid not in live]
         assert not missing, f"evictable leaves missing from the victim queue: {missing[:5]}"
         for node, count in self._pins.items():
@@ -1110,10 +1111,6 @@ class PrefixCache:
                 node.retention = 0
                 if node.heap_id:
                     self._rank(node)
-
-    def _rank_key(self, node: Node):
-        """A leaf's place in the victim queue (:func:`radixkv.victims.rank_key`)."""
-        return rank_key(self._policy.priority, node)
 
     def _rank(self, node: Node) -> None:
         """(Re-)queue ``node`` if it is an evictable leaf."""

@@ -162,10 +162,6 @@ class PageHistory:
             self._cached[namespace, int(keys[start])] = keys[start:end].copy()
             self.num_cached += end - start
 
-    @property
-    def any_declined(self) -> bool:
-        return bool(self._declined)
-
     def declines(self, namespace: Optional[str]) -> bool:
         """Whether any page was ever declined in ``namespace``. O(1)."""
         return namespace in self._declining
