@@ -614,7 +614,7 @@ class PrefixCache:
             return self._evict(n)
         finally:
             if self._pool.num_free > free:
-                self._on_free(self._pool.take(self._pool.num_free - free))
+                self._sink(self._pool.take(self._pool.num_free - free))
 
     def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
                namespace: Optional[str] = None) -> int:
@@ -891,8 +891,10 @@ class PrefixCache:
         :meth:`free` returns (the caller gives them to the pool), and pages
         that :meth:`allocate`, :meth:`admit` or a tier's load evict to reuse at
         once. The sink runs inside the cache's call and must not call back
-        into the cache. Settable; ``None`` (the default) keeps freed blocks on
-        the free list, at the cost of one ``is None`` test per free.
+        into the cache. A sink that raises took none of the blocks: they stay
+        on the free list, the cache stays consistent, and the error reaches
+        the caller of the operation. Settable; ``None`` (the default) keeps
+        freed blocks on the free list, at the cost of one ``is None`` test per free.
         """
         return self._on_free
 
@@ -906,7 +908,16 @@ class PrefixCache:
             self._pool.give_back(blocks)
         elif len(blocks):
             self._pool.set_state(blocks, HELD)
-            self._on_free(blocks)
+            self._sink(blocks)
+
+    def _sink(self, held: np.ndarray) -> None:
+        """Hand ``held`` blocks to the free-block sink. If the sink raises, it took none of them:
+        they go onto the free list (still the cache's, never lost) and the error propagates."""
+        try:
+            self._on_free(held)
+        except BaseException:
+            self._pool.give_back(held)
+            raise
 
     def attach_page_hashes(self, hasher: Optional[BlockHasher] = None) -> PageHashIndex:
         """Keep the page-hash index (block <-> vLLM-compatible chained hash of every cached page)
