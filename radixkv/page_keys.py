@@ -20,6 +20,7 @@ pages are the same takes its identities from here:
 from __future__ import annotations
 
 import hashlib
+from itertools import accumulate
 from typing import List, Optional, Sequence, Tuple
 
 from cachetools import LRUCache
@@ -105,13 +106,14 @@ class PrefixKeys:
         (or of one longer array).
         """
         p = self.page_size
-        counts = [len(t) // p for t in token_arrays]
-        offsets = [0]
-        for c in counts:
-            offsets.append(offsets[-1] + c)
+        counts = [n // p for n in map(len, token_arrays)]
+        offsets = list(accumulate(counts, initial=0))
         out = np.empty(offsets[-1], dtype=np.uint64)
         if offsets[-1]:
             self._grow(max(counts))
+        if offsets[-1] * p <= BATCH_TOKENS:  # the usual case: one group
+            self._many_into(out, token_arrays, counts, 0)
+            return out, offsets
         first = 0  # the arrays first..i-1 not keyed yet
         for i, c in enumerate(counts, 1):
             if i == len(counts) or (offsets[i + 1] - offsets[first]) * p > BATCH_TOKENS:

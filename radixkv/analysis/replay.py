@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 import time
+from itertools import repeat
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 from ..cache import PrefixCache
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
@@ -141,9 +142,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     other_pages = stats.other_pages
     loaded = None
     first_ts = last_ts = None
-    if miss_reasons:
-        requests = _prepared(requests, stats)
-    for request in requests:
+    keyed = _prepared(requests, stats) if miss_reasons else zip(requests, repeat(None))
+    for request, keys in keyed:
         ts = request.timestamp
         if ts is not None:
             if not math.isfinite(ts):  # NaN compares false both ways: it would switch the order check off
@@ -154,7 +154,7 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
             if first_ts is None:
                 first_ts = ts
             last_ts = ts
-        other = other_pages(cache, request) if miss_reasons else 0
+        other = other_pages(cache, request, keys) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
         admission = admit(request.tokens, namespace=request.namespace)
@@ -163,7 +163,7 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         if before is not None:
             loaded = pages_loaded(before, cache.hit_tokens_by_tier, lower_tiers, cache.page_size)
         record = add(request, hit, len(admission.new_blocks), cache.declined_blocks - declined0,
-                     cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record)
+                     cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record, keys=keys)
         if on_request is not None:
             on_request(request, hit)
         if record is not None:
@@ -191,11 +191,11 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     )
 
 
-def _prepared(requests: Iterable, stats: ReplayStats) -> Iterator:
-    """``requests`` in order, each batch of :data:`READ_AHEAD` handed to ``stats.prepare`` first."""
+def _prepared(requests: Iterable, stats: ReplayStats) -> Iterator[Tuple[Request, Optional[List[int]]]]:
+    """``requests`` in order, each with its page keys: a batch of :data:`READ_AHEAD` keyed at a time
+    by ``stats.prepare``."""
     for batch in _batches(requests, READ_AHEAD, READ_AHEAD_TOKENS):
-        stats.prepare(batch)
-        yield from batch
+        yield from zip(batch, stats.prepare(batch))
 
 
 def _batches(requests: Iterable, size: int, max_tokens: int) -> Iterator[List]:

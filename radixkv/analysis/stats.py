@@ -44,6 +44,7 @@ collision could move a miss from one reason to another, never change a hit.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -104,7 +105,7 @@ def _ints(keys: Union[Sequence[int], np.ndarray]) -> Sequence[int]:
     return keys.tolist() if isinstance(keys, np.ndarray) else keys
 
 
-def _agreeing(run: np.ndarray, keys: np.ndarray, d: int, m: int) -> int:
+def _agreeing(run: Sequence[int], keys: Sequence[int], d: int, m: int) -> int:
     """Leading keys of ``run`` equal to ``keys[d:]``, given ``run[0] == keys[d]`` and
     ``run[m - 1] != keys[d + m - 1]``. Keys are prefix keys: where two agree, every key before
     agrees too, so a binary search finds the first difference, in O(log m) scalar comparisons
@@ -119,30 +120,36 @@ def _agreeing(run: np.ndarray, keys: np.ndarray, d: int, m: int) -> int:
     return lo
 
 
+Keys = Union[Sequence[int], np.ndarray]
+"""Page keys: a list of Python ints (what replay hands over), an ``array('Q')`` or a uint64 array."""
+
+
 class PageHistory:
     """Which pages were ever cached, and ever declined, per namespace (see the module doc).
 
     Works on the namespace-free keys of :class:`PrefixKeys`; a run is filed
-    under ``(namespace, its first key)``, so namespaces never share one. Cost:
-    :meth:`ever_cached` is one dict lookup and one key comparison per run on the
-    request's path (an array comparison where the request leaves a run);
-    :meth:`add_cached` is O(pages added). Memory: 8 bytes per page ever cached.
+    under ``(namespace, its first key)``, so namespaces never share one. Keys
+    may come as a list of ints (cheapest: no numpy scalar per key) or an array.
+    Cost: :meth:`ever_cached` is one dict lookup and one key comparison per run
+    on the request's path (a binary search where the request leaves a run);
+    :meth:`add_cached` is O(pages added). Memory: 8 bytes per page ever cached
+    (runs are ``array('Q')``) plus ~150 bytes per run.
     """
 
     def __init__(self) -> None:
-        self._cached: Dict[Tuple[Optional[str], int], np.ndarray] = {}
-        self._declined: Dict[Tuple[Optional[str], int], np.ndarray] = {}
+        self._cached: Dict[Tuple[Optional[str], int], array] = {}
+        self._declined: Dict[Tuple[Optional[str], int], array] = {}
         self._declining: set = set()  # the namespaces with declined pages
         self.num_cached = 0
         """Distinct pages ever cached."""
 
     @staticmethod
-    def _covered(runs: Dict[Tuple[Optional[str], int], np.ndarray], namespace: Optional[str], keys: np.ndarray,
+    def _covered(runs: Dict[Tuple[Optional[str], int], array], namespace: Optional[str], keys: Sequence[int],
                  d: int) -> int:
-        """Walk ``namespace``'s run tree in ``runs`` along ``keys`` from depth ``d``; return the depth reached."""
+        """Walk ``namespace``'s run tree in ``runs`` along ``keys`` (ints) from depth ``d``; return the depth reached."""
         n = len(keys)
         while d < n:
-            run = runs.get((namespace, int(keys[d])))
+            run = runs.get((namespace, keys[d]))
             if run is None:
                 break
             m = min(len(run), n - d)
@@ -151,38 +158,41 @@ class PageHistory:
             d += m  # m >= 1: the run starts with keys[d]
         return d
 
-    def ever_cached(self, keys: np.ndarray, namespace: Optional[str] = None) -> int:
+    def ever_cached(self, keys: Keys, namespace: Optional[str] = None) -> int:
         """How many leading pages of ``keys`` were ever cached in ``namespace`` (a prefix, since the
         set is prefix-closed)."""
-        return self._covered(self._cached, namespace, keys, 0)
+        return self._covered(self._cached, namespace, keys if keys.__class__ is list else _ints(keys), 0)
 
-    def add_cached(self, keys: np.ndarray, start: int, end: int, namespace: Optional[str] = None) -> None:
+    def add_cached(self, keys: Keys, start: int, end: int, namespace: Optional[str] = None) -> None:
         """Record pages ``start..end-1`` as cached in ``namespace``: ``start`` is :meth:`ever_cached` of ``keys``."""
         if end > start:
-            self._cached[namespace, int(keys[start])] = keys[start:end].copy()
+            keys = keys if keys.__class__ is list else _ints(keys)
+            self._cached[namespace, keys[start]] = array("Q", keys[start:end])
             self.num_cached += end - start
 
     def declines(self, namespace: Optional[str]) -> bool:
         """Whether any page was ever declined in ``namespace``. O(1)."""
         return namespace in self._declining
 
-    def declined_mask(self, keys: np.ndarray, namespace: Optional[str] = None) -> np.ndarray:
+    def declined_mask(self, keys: Keys, namespace: Optional[str] = None) -> np.ndarray:
         """Which pages of ``keys`` were ever declined in ``namespace``. O(pages) dict lookups; call
         only if :meth:`declines`."""
+        keys = _ints(keys)
         mask = np.zeros(len(keys), dtype=bool)
         runs = self._declined
-        for d, key in enumerate(keys.tolist()):
+        for d, key in enumerate(keys):
             run = runs.get((namespace, key))
             if run is not None:  # a run starting here; an earlier one may have ended sooner
                 mask[d : self._covered({(namespace, key): run}, namespace, keys, d)] = True
         return mask
 
-    def add_declined(self, keys: np.ndarray, start: int, namespace: Optional[str] = None) -> None:
+    def add_declined(self, keys: Keys, start: int, namespace: Optional[str] = None) -> None:
         """Record pages ``start..`` of ``keys`` as declined in ``namespace``; only the part not
         already on a run is stored."""
+        keys = _ints(keys)
         start = self._covered(self._declined, namespace, keys, start)
         if start < len(keys):
-            self._declined[namespace, int(keys[start])] = keys[start:].copy()
+            self._declined[namespace, keys[start]] = array("Q", keys[start:])
             self._declining.add(namespace)
 
 
@@ -271,19 +281,16 @@ class PageIndex:
             d += 1
         return d
 
-
-def _own_pages(cache, request: Request, num_pages: int) -> int:
-    """Leading pages of ``request`` cached in its own namespace now. O(depth)."""
-    return cache.cached_pages(request.tokens[: num_pages * cache.page_size], namespace=request.namespace)
-
-
-def _indexed_other_pages(cache, request: Request, index: PageIndex, free_keys: Sequence[int]) -> int:
-    """:func:`other_namespace_pages` through ``index``, given the keys of the request's full pages
-    (ints) and that the cache holds a namespace other than the request's."""
-    if not free_keys or not index.held(free_keys[0]):
-        return 0
-    own = _own_pages(cache, request, len(free_keys)) if cache.holds_namespace(request.namespace) else 0
-    return index.other_pages(free_keys, own)
+    def other_depth(self, cache, request: Request, free_keys: Sequence[int]) -> int:
+        """:func:`other_namespace_pages` of ``request`` (not admitted yet) in ``cache`` (which this index
+        is attached to and which holds a namespace other than the request's), given the keys of
+        its full pages (ints). Walks the request's own namespace only when that namespace holds
+        pages and another one holds the request's first page. O(pages of the request)."""
+        if not free_keys or free_keys[0] not in self._count:
+            return 0
+        own = (cache.cached_pages(request.tokens[: len(free_keys) * cache.page_size], namespace=request.namespace)
+               if cache.holds_namespace(request.namespace) else 0)
+        return self.other_pages(free_keys, own)
 
 
 def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = None,
@@ -302,7 +309,7 @@ def other_namespace_pages(cache, request: Request, index: Optional[PageIndex] = 
         return 0
     num_pages = len(request.tokens) // cache.page_size
     if index is not None:
-        return _indexed_other_pages(cache, request, index, _ints(free_keys[:num_pages]))
+        return index.other_depth(cache, request, _ints(free_keys[:num_pages]))
     tokens = request.tokens[: num_pages * cache.page_size]
     return max((cache.cached_pages(tokens, namespace=ns) for ns in cache.namespaces() if ns != namespace),
                default=0)
@@ -355,56 +362,50 @@ class ReplayStats:
         self._history = PageHistory() if miss_reasons else None
         self._index: Optional[PageIndex] = None
         self._previous_index = None
-        # The batch :meth:`prepare` keyed: its requests, where each one is in it (by id; the
-        # request is checked too), their namespace-free page keys and each one's offset in them.
-        self._batch: Sequence[Request] = ()
-        self._where: Dict[int, int] = {}
-        self._batch_keys = np.zeros(0, dtype=np.uint64)
-        self._offsets: List[int] = [0]
-        self._last: Optional[Tuple[Request, np.ndarray]] = None  # the last request keyed, and its keys
+        self._last: Optional[Tuple[Request, List[int]]] = None  # the last request keyed, and its keys
 
-    def prepare(self, requests: Sequence[Request]) -> None:
-        """Key the full pages of the next ``requests`` in one batch (:meth:`PrefixKeys.many`), for
-        :meth:`other_pages` and :meth:`add` to find. Replaces the previous batch.
+    def prepare(self, requests: Sequence[Request]) -> List[Optional[List[int]]]:
+        """Key the full pages of ``requests`` in one batch (:meth:`PrefixKeys.many`); return each one's
+        namespace-free keys (a list of ints), to hand to :meth:`other_pages` and :meth:`add` as ``keys``.
 
-        Optional: a request not prepared is keyed on its own when it needs keys. Keying a batch
-        costs a fixed number of numpy calls plus O(tokens), where one request at a time pays
-        those calls per request, which is most of the miss reasons' cost on short prompts.
-        Requests whose tokens are not a 1-D uint32 array are left to be checked and keyed
-        later. No-op with miss reasons off.
+        Optional: a request given no keys is keyed on its own when it needs them. Keying a
+        batch costs a fixed number of numpy calls plus O(tokens), where one request at a time
+        pays those calls per request, which is most of the miss reasons' cost on short
+        prompts. A request whose tokens are not a 1-D uint32 array gets ``None`` (checked and
+        keyed later). All ``None`` with miss reasons off.
         """
         if self._keys is None:
-            return
-        batch = [r for r in requests
-                 if r.tokens.__class__ is np.ndarray and r.tokens.dtype == TOKEN_DTYPE and r.tokens.ndim == 1]
-        self._batch_keys, self._offsets = self._keys.many([r.tokens for r in batch])
-        self._batch = batch
-        self._where = dict(zip(map(id, batch), range(len(batch))))
+            return [None] * len(requests)
+        good = [r.tokens for r in requests
+                if r.tokens.__class__ is np.ndarray and r.tokens.dtype == TOKEN_DTYPE and r.tokens.ndim == 1]
+        keys, offsets = self._keys.many(good)
+        keys = keys.tolist()  # once per batch: each request's keys are then a list slice
+        if len(good) == len(requests):
+            return [keys[offsets[i] : offsets[i + 1]] for i in range(len(requests))]
+        out: List[Optional[List[int]]] = []
+        i = 0
+        for r in requests:
+            if i < len(good) and r.tokens is good[i]:
+                out.append(keys[offsets[i] : offsets[i + 1]])
+                i += 1
+            else:
+                out.append(None)
+        return out
 
-    def _prepared(self, request: Request) -> Optional[np.ndarray]:
-        """``request``'s keys if :meth:`prepare` keyed them (or they were the last asked for), else ``None``."""
+    def _free_keys(self, request: Request) -> List[int]:
+        """The namespace-free keys of ``request``'s full pages, as ints, computed now (and kept for the
+        next call). Its tokens must be valid (raises as ``admit`` does otherwise)."""
         last = self._last
         if last is not None and last[0] is request:
             return last[1]
-        i = self._where.get(id(request))
-        if i is None or self._batch[i] is not request:
-            return None
-        keys = self._batch_keys[self._offsets[i] : self._offsets[i + 1]]
+        tokens = as_tokens(request.tokens)
+        keys = self._keys.keys(tokens, len(tokens) // self.page_size).tolist()
         self._last = (request, keys)
         return keys
 
-    def _free_keys(self, request: Request) -> np.ndarray:
-        """The namespace-free keys of ``request``'s full pages: prepared, or computed now (and kept
-        for the next call). Its tokens must be valid (raises as ``admit`` does otherwise)."""
-        keys = self._prepared(request)
-        if keys is None:
-            tokens = as_tokens(request.tokens)
-            keys = self._keys.keys(tokens, len(tokens) // self.page_size)
-            self._last = (request, keys)
-        return keys
-
-    def other_pages(self, cache, request: Request) -> int:
-        """:func:`other_namespace_pages` of ``request``, taken before admitting it.
+    def other_pages(self, cache, request: Request, keys: Optional[List[int]] = None) -> int:
+        """:func:`other_namespace_pages` of ``request``, taken before admitting it; ``keys``: its keys
+        from :meth:`prepare`, if it was prepared.
 
         The first time ``cache`` holds a namespace other than the request's, a
         :class:`PageIndex` of its pages is built and attached to it (until :meth:`detach`);
@@ -414,8 +415,7 @@ class ReplayStats:
         held = cache.num_namespaces
         if not held or (held == 1 and cache.holds_namespace(request.namespace)):
             if self._index is not None:  # the pages the admission stores are this request's, when known
-                keys = self._prepared(request)
-                self._index.expect(None if keys is None else keys.tolist())
+                self._index.expect(keys)
             return 0
         if self._keys is None:
             return other_namespace_pages(cache, request)
@@ -423,24 +423,25 @@ class ReplayStats:
         if index is None or cache.page_index is not index:
             index = self._index = PageIndex(cache, self._keys)
             self._previous_index = cache.attach_page_index(index)
-        free = self._free_keys(request).tolist()
+        free = keys if keys is not None else self._free_keys(request)
         index.expect(free)  # the pages the admission stores are this request's
-        return _indexed_other_pages(cache, request, index, free)
+        return index.other_depth(cache, request, free)
 
     def detach(self, cache) -> None:
         """Detach the :class:`PageIndex` :meth:`other_pages` attached to ``cache``, if any. O(1)."""
         if self._index is not None and cache.page_index is self._index:
             cache.attach_page_index(self._previous_index)
         self._index = self._previous_index = None
-        self._batch, self._where, self._last = (), {}, None
+        self._last = None
 
     def add(self, request: Request, hit_tokens: int, admitted: int, declined: int, evicted: int,
             other_pages: int = 0, *, loaded_pages: Optional[Mapping[str, int]] = None,
-            want_record: bool = False) -> Optional[RequestRecord]:
+            want_record: bool = False, keys: Optional[List[int]] = None) -> Optional[RequestRecord]:
         """Count one admitted request: ``hit_tokens`` served, ``admitted`` pages cached, ``declined``
         pages refused by the policy, ``evicted`` blocks evicted for it; ``other_pages`` is
         :func:`other_namespace_pages` taken before admitting it; ``loaded_pages`` maps a lower tier
-        to the hit pages loaded from it. Returns its record when ``want_record``.
+        to the hit pages loaded from it; ``keys``: its keys from :meth:`prepare`, if it was
+        prepared. Returns its record when ``want_record``.
         """
         tokens = request.tokens
         prompt = len(tokens)
@@ -456,7 +457,7 @@ class ReplayStats:
         self.prefill_flops_saved += flops
         self.ttft_saving_seconds += saving
         if self._keys is not None:
-            misses = self._classify(request, hit_tokens, admitted, declined, other_pages)
+            misses = self._classify(request, hit_tokens, admitted, declined, other_pages, keys)
             if self._index is not None:
                 self._index.expect(None)
         if not want_record:
@@ -466,7 +467,7 @@ class ReplayStats:
                              evicted, misses, flops, saving)
 
     def _classify(self, request: Request, hit_tokens: int, admitted: int, declined: int,
-                  other: int) -> Tuple[int, int, int, int, int]:
+                  other: int, keys: Optional[List[int]]) -> Tuple[int, int, int, int, int]:
         """Add the request's missed tokens to :attr:`miss_tokens_by_reason`; return its own counts,
         in the order of :data:`MISS_REASONS`.
 
@@ -478,38 +479,42 @@ class ReplayStats:
         n = num_tokens // p
         h = hit_tokens // p
         partial = num_tokens - n * p
-        evicted = was_declined = others = first = 0
+        totals = self.miss_tokens_by_reason
+        if partial:
+            totals["partial_page"] += partial
+        if not n:
+            return 0, 0, partial, 0, 0
         history = self._history
         namespace = request.namespace
-        if h >= n:
-            if n:  # every full page hit: they were cached, which the history missed if the cache was
-                keys = self._free_keys(request)  # filled before the replay
-                history.add_cached(keys, history.ever_cached(keys, namespace), n, namespace)
-        else:
+        if keys is None:
             keys = self._free_keys(request)
-            covered = history.ever_cached(keys, namespace)
-            seen = covered if covered > h else h  # hit pages were cached, unless the cache was filled before
-            evicted = (seen - h) * p
-            first = n - seen  # pages seen..n-1 are still to be explained
-            if history.declines(namespace):
-                mask = history.declined_mask(keys, namespace)[seen:]
-                was_declined = int(mask.sum())
-                first -= was_declined
-                if other > seen:
-                    others = other - seen - int(mask[: other - seen].sum())
-            elif other > seen:
-                others = other - seen
-            first = (first - others) * p
-            was_declined *= p
-            others *= p
-            history.add_cached(keys, covered, min(h + admitted, n), namespace)
-            if declined:
-                history.add_declined(keys, n - declined, namespace)
-            totals = self.miss_tokens_by_reason
-            totals["first_sight"] += first
+        covered = history.ever_cached(keys, namespace)
+        if h >= n:  # every full page hit: they were cached, which the history missed if the cache was
+            history.add_cached(keys, covered, n, namespace)  # filled before the replay
+            return 0, 0, partial, 0, 0
+        seen = covered if covered > h else h  # hit pages were cached, unless the cache was filled before
+        first = n - seen  # pages seen..n-1 are still to be explained
+        was_declined = others = 0
+        if history.declines(namespace):
+            mask = history.declined_mask(keys, namespace)[seen:]
+            was_declined = int(mask.sum())
+            first -= was_declined
+            if other > seen:
+                others = other - seen - int(mask[: other - seen].sum())
+        elif other > seen:
+            others = other - seen
+        history.add_cached(keys, covered, min(h + admitted, n), namespace)
+        if declined:
+            history.add_declined(keys, n - declined, namespace)
+        first = (first - others) * p
+        evicted = (seen - h) * p
+        totals["first_sight"] += first
+        if evicted:
             totals["evicted"] += evicted
+        if was_declined:
+            was_declined *= p
             totals["declined"] += was_declined
+        if others:
+            others *= p
             totals["other_namespace"] += others
-        if partial:
-            self.miss_tokens_by_reason["partial_page"] += partial
         return first, evicted, partial, was_declined, others
