@@ -642,7 +642,7 @@ class PrefixCache:
                 self._sink(self._pool.take(self._pool.num_free - free))
 
     def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
-               namespace: Optional[str] = None) -> int:
+               namespace: Optional[str] = None, tenant: Optional[str] = None) -> int:
         """Cache ``tokens``'s full pages in ``blocks`` (one id per full page); return pages already present.
 
         ``blocks`` covers all full pages, matched ones included (as SGLang
@@ -652,36 +652,45 @@ class PrefixCache:
         declines (admission control) give their blocks back too. With a
         free-block sink both go to it, in one call: the duplicates in page
         order, then the declined blocks (the tail of ``blocks``).
+
+        ``tenant`` computed the KV (after a :meth:`match` with the same tenant):
+        under a sharing rule it counts as a requester of every page inserted or
+        already present, as a released admission does (see :meth:`admit`).
         """
-        data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, namespace)
+        key = self._partition(namespace, tenant)
+        data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, key)
         self._clock += 1
         now = self._clock
         if root is None:
-            root = node = self._tree.root(namespace)
+            root = node = self._tree.root(key)
         if child is not None:
             node = self._split(child, common)
         self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
-        self._add_pages(node, data, present, new[:keep].copy(), now)
+        leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
+        if self._tenancy is not None:
+            path = self._tree.path_blocks(leaf if leaf is not None else node)
+            self._tenancy.commit(tenant, self._tenancy.serve(tenant, path[:present])[1], path[present:])
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
         if self._lower is not None and len(new):  # it reads the blocks: before they leave the cache
-            self._lower.inserted(self._tree.find_root(namespace), data, present, new)
+            self._lower.inserted(self._tree.find_root(key), data, present, new)
         self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         return present
 
-    def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
+    def _plan_insert(self, tokens: TokensLike, blocks: object, key: Any):
         """Validate an :meth:`insert` completely, changing nothing; return what it needs to apply it.
 
-        Read-only (one walk), so layers above (the SGLang adapter) can check an
-        insert before they change their own state. Raises as :meth:`insert`.
+        ``key`` is the checked partition (:meth:`_partition`). Read-only (one
+        walk), so layers above (the SGLang adapter) can check an insert before
+        they change their own state. Raises as :meth:`insert`.
         """
         data, num_pages = self._pages(tokens)
         arr = self._pool.validate_ids(blocks)
         if len(arr) != num_pages:
             raise InvalidBlocksError(
                 f"blocks must hold one id per full page ({num_pages}), got {len(arr)}")
-        root = self._existing_root(namespace)
+        root = self._tree.find_root(key)
         node, pos, child, common = (
             self._tree.walk(root, data, num_pages) if root is not None else (None, 0, None, 0))
         present = pos + common

@@ -26,7 +26,7 @@ TENANTS = ["a", "b", "c", "d", None]
 # A request is a path of 1..4 pages over a small alphabet, so requests share prefixes often.
 paths = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
 steps = st.lists(
-    st.tuples(st.sampled_from(TENANTS), paths, st.sampled_from(["release", "abort", "hold", "match"])),
+    st.tuples(st.sampled_from(TENANTS), paths, st.sampled_from(["release", "abort", "hold", "match", "insert"])),
     max_size=30)
 
 
@@ -47,6 +47,14 @@ def run(cache: PrefixCache, sequence, history=None, on_hit=None, holders=None) -
     for step, (tenant, path, how) in enumerate(sequence):
         if how == "match":
             served = cache.match(tokens(path), tenant=tenant).num_tokens
+        elif how == "insert":  # SGLang's way: match, compute the rest into own blocks, insert it all
+            m = cache.match(tokens(path), tenant=tenant)
+            served = m.num_tokens
+            cache.lock(m.node)  # as SGLang: the matched pages stay while it allocates the rest
+            own = cache.allocate(len(path) - len(m.blocks))
+            if own is not None:
+                cache.insert(tokens(path), np.concatenate([m.blocks, own]), tenant=tenant)
+            cache.unlock(m.node)
         else:
             adm = cache.admit(tokens(path), tenant=tenant)
             served = adm.hit_tokens
@@ -214,6 +222,10 @@ def test_a_bad_tenant_changes_nothing(sharing, tenant, error):
         cache.admit(tokens((1, 2)), tenant=tenant)
     with pytest.raises(error, match="tenant"):
         cache.match(tokens((1, 2)), tenant=tenant)
+    own = cache.allocate(2)
+    before = snapshot(cache)
+    with pytest.raises(error, match="tenant"):
+        cache.insert(tokens((3, 4)), own, tenant=tenant)
     assert snapshot(cache) == before
     cache.check()
 
