@@ -81,3 +81,16 @@ def test_a_trace_tenant_must_be_text(tmp_path):
     path.write_text('{"tokens": [1, 2, 3], "tenant": 5}\n')
     with pytest.raises(TraceFormatError, match="tenant"):
         list(open_trace(str(path)))
+
+
+def test_replay_passes_the_tenant_to_the_cache():
+    from radixkv import PrefixCache
+    from radixkv.analysis.replay import replay
+
+    trace = list(generate("multitenant", 1, 200))
+    shared = replay(trace, PrefixCache(1 << 14, 16), miss_reasons=False)
+    isolated = replay(trace, PrefixCache(1 << 14, 16, sharing="isolated"), miss_reasons=False)
+    run = attack(trace, sharing="isolated")
+    assert isolated.hit_tokens < shared.hit_tokens
+    assert isolated.prompt_tokens == run.honest_prompt_tokens + sum(
+        len(r.tokens) for r in trace if r.tenant == ATTACKER)
