@@ -112,10 +112,12 @@ class Admission:
 
     Attributes:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
-        blocks: block ids of every page of the request now cached, matched ones first.
+        blocks: block ids of every page of the request now cached, matched ones first
+            (under a sharing rule, the pages served as a miss have their private blocks here).
         new_blocks: the blocks allocated for this request (the tail of ``blocks``); the
             caller writes their KV before :meth:`release` (a tiered cache copies them below
-            HBM at the release, never earlier).
+            HBM at the release, never earlier). Private blocks of pages served as a miss come
+            first and go back to the pool when the admission ends (see :meth:`PrefixCache.admit`).
         node: handle of the deepest cached page of the request.
     """
 
