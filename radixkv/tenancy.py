@@ -126,8 +126,9 @@ class Shared(Sharing):
 
 
 class Isolated(Sharing):
-    """One partition per tenant: ``(namespace, tenant)`` is the root key; requests without a
-    tenant share the namespace's plain partition.
+    """One partition per tenant: ``(namespace, tenant)`` is the root key (what
+    :meth:`~radixkv.cache.PrefixCache.namespaces` lists, and what KV events hash as the cache
+    salt); requests without a tenant share the namespace's plain partition.
 
     Threat model: a tenant observes only its own pages; nothing is shared,
     so no probe reveals another tenant's prompt, sybils included, and public
