@@ -30,6 +30,7 @@ from .lower import LowerLayer
 from .events.page_hashes import PageHashIndex
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
+from . import tenancy as _tenancy
 from . import victims as _victims
 from .victims import VictimQueue, rank_key
 
@@ -111,10 +112,12 @@ class Admission:
 
     Attributes:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
-        blocks: block ids of every page of the request now cached, matched ones first.
+        blocks: block ids of every page of the request now cached, matched ones first
+            (under a sharing rule, the pages served as a miss have their private blocks here).
         new_blocks: the blocks allocated for this request (the tail of ``blocks``); the
             caller writes their KV before :meth:`release` (a tiered cache copies them below
-            HBM at the release, never earlier).
+            HBM at the release, never earlier). Private blocks of pages served as a miss come
+            first and go back to the pool when the admission ends (see :meth:`PrefixCache.admit`).
         node: handle of the deepest cached page of the request.
     """
 
@@ -216,6 +219,9 @@ class PrefixCache:
         lower: what keeps pages below HBM (a :class:`~radixkv.lower.LowerLayer`, which
             :class:`radixkv.tiers.TieredCache` builds), called at the seam's named points;
             ``None`` (the default) costs one ``is None`` test at each.
+        sharing: which cached pages a request's ``tenant`` is served (see :mod:`radixkv.tenancy`):
+            ``"shared"`` (the default, free), ``"isolated"``, ``"k-anonymous"``, ``"adaptive"``
+            or a :class:`~radixkv.tenancy.Sharing` (``KAnonymous(k=5)``).
     """
 
     def __init__(
@@ -229,8 +235,12 @@ class PrefixCache:
         *,
         on_free: Optional[Callable[[np.ndarray], None]] = None,
         lower: Optional[LowerLayer] = None,
+        sharing: Union[str, "_tenancy.Sharing", None] = None,
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
+        self._sharing = _tenancy.create(sharing)
+        # consulted on the hit path only by rules that may refuse a page
+        self._tenancy = self._sharing if self._sharing.filters else None
         _check_sink(on_free)
         if lower is not None and not isinstance(lower, LowerLayer):
             raise ArgumentTypeError(f"lower must be a LowerLayer, got {lower!r}")
@@ -289,6 +299,11 @@ class PrefixCache:
         return self._policy
 
     @property
+    def sharing(self) -> "_tenancy.Sharing":
+        """The sharing rule between tenants (the ``sharing`` argument). O(1)."""
+        return self._sharing
+
+    @property
     def clock(self) -> int:
         """Logical time: +1 per match/insert/admit call (``admit``'s ``expires_at`` is in these units)."""
         return self._clock
@@ -330,22 +345,34 @@ class PrefixCache:
         return self._tree.num_roots
 
     # ------------------------------------------------------------------ lookups
-    def match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
+    def match(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+              tenant: Optional[str] = None) -> MatchResult:
         """Longest cached prefix of ``tokens``, in whole pages; marks those pages used.
 
         A match that ends inside a node splits it so the returned handle covers
         exactly the matched pages. Cost: O(depth in nodes + matched tokens) at
         C speed for the comparisons.
+
+        With a ``tenant``, the prefix is the part the sharing rule serves it
+        (see :meth:`admit`). A match is a probe: unlike a released admission
+        it does not count the tenant among the pages' requesters (whose
+        pages a match of an uncached prefix would not have cached either).
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        key = self._partition(namespace, tenant)
+        root = self._tree.find_root(key)
         self._clock += 1
         if root is None:  # nothing cached in it: no root is made for a lookup
-            root = self._tree.empty_root(namespace)
+            root = self._tree.empty_root(key)
             return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
         node, pos = self._descend(root, data, num_pages)
         blocks = self._touch_path(node, self._clock)
-        return MatchResult(pos * self.page_size, blocks, NodeHandle(node, node.gen))
+        if self._tenancy is not None and pos:
+            served, decision = self._tenancy.serve(tenant, blocks)
+            self._tenancy.served(tenant, decision)
+            if served < pos:
+                node, blocks = self._cut(node, served), blocks[:served]
+        return MatchResult(len(blocks) * self.page_size, blocks, NodeHandle(node, node.gen))
 
     # ------------------------------------------------------------------ inspection (read-only)
     def cached_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
@@ -617,7 +644,7 @@ class PrefixCache:
                 self._sink(self._pool.take(self._pool.num_free - free))
 
     def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
-               namespace: Optional[str] = None) -> int:
+               namespace: Optional[str] = None, tenant: Optional[str] = None) -> int:
         """Cache ``tokens``'s full pages in ``blocks`` (one id per full page); return pages already present.
 
         ``blocks`` covers all full pages, matched ones included (as SGLang
@@ -627,36 +654,45 @@ class PrefixCache:
         declines (admission control) give their blocks back too. With a
         free-block sink both go to it, in one call: the duplicates in page
         order, then the declined blocks (the tail of ``blocks``).
+
+        ``tenant`` computed the KV (after a :meth:`match` with the same tenant):
+        under a sharing rule it counts as a requester of every page inserted or
+        already present, as a released admission does (see :meth:`admit`).
         """
-        data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, namespace)
+        key = self._partition(namespace, tenant)
+        data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, key)
         self._clock += 1
         now = self._clock
         if root is None:
-            root = node = self._tree.root(namespace)
+            root = node = self._tree.root(key)
         if child is not None:
             node = self._split(child, common)
         self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
-        self._add_pages(node, data, present, new[:keep].copy(), now)
+        leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
+        if self._tenancy is not None:
+            path = self._tree.path_blocks(leaf if leaf is not None else node)
+            self._tenancy.commit(tenant, self._tenancy.serve(tenant, path[:present])[1], path[present:])
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
         if self._lower is not None and len(new):  # it reads the blocks: before they leave the cache
-            self._lower.inserted(self._tree.find_root(namespace), data, present, new)
+            self._lower.inserted(self._tree.find_root(key), data, present, new)
         self._give_back(np.concatenate((duplicate, new[keep:])))  # the duplicates, then the declined pages
         return present
 
-    def _plan_insert(self, tokens: TokensLike, blocks: object, namespace: Optional[str]):
+    def _plan_insert(self, tokens: TokensLike, blocks: object, key: Any):
         """Validate an :meth:`insert` completely, changing nothing; return what it needs to apply it.
 
-        Read-only (one walk), so layers above (the SGLang adapter) can check an
-        insert before they change their own state. Raises as :meth:`insert`.
+        ``key`` is the checked partition (:meth:`_partition`). Read-only (one
+        walk), so layers above (the SGLang adapter) can check an insert before
+        they change their own state. Raises as :meth:`insert`.
         """
         data, num_pages = self._pages(tokens)
         arr = self._pool.validate_ids(blocks)
         if len(arr) != num_pages:
             raise InvalidBlocksError(
                 f"blocks must hold one id per full page ({num_pages}), got {len(arr)}")
-        root = self._existing_root(namespace)
+        root = self._tree.find_root(key)
         node, pos, child, common = (
             self._tree.walk(root, data, num_pages) if root is not None else (None, 0, None, 0))
         present = pos + common
@@ -671,7 +707,7 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ requests
     def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, priority: int = 0,
-              expires_at: Optional[int] = None) -> Admission:
+              expires_at: Optional[int] = None, tenant: Optional[str] = None) -> Admission:
         """Match, protect, allocate and insert a request's full pages in one step.
 
         The remaining pages get blocks as far as unprotected pages can be
@@ -685,15 +721,26 @@ class PrefixCache:
         ``expires_at`` (a :attr:`clock` value; ``None`` = never) has passed,
         then falls back to class 0. Expiry is applied lazily, before the next
         eviction. O(depth) extra when ``priority > 0``.
+
+        ``tenant`` is who sends the request (see :mod:`radixkv.tenancy`); the
+        cache's ``sharing`` rule may serve it fewer matched pages than are
+        cached. The pages after ``hit_tokens`` that are cached all the same
+        are *served as a miss*: the request gets private blocks for them (the
+        head of :attr:`Admission.new_blocks`, before the newly cached pages),
+        which the caller computes into as into new pages and which go back to
+        the pool when the admission ends, released or aborted; the tree keeps
+        its one copy (the KV of a prefix is the same whoever computes it). The
+        rule costs one lookup per matched page; ``"shared"`` costs nothing.
         """
         data, num_pages = self._pages(tokens)
         if priority.__class__ is not int or priority or expires_at is not None:
             priority, expires_at = _check_retention(priority, expires_at)
-        root = self._existing_root(namespace)
+        key = self._partition(namespace, tenant)
+        root = self._tree.find_root(key)
         self._clock += 1
         now = self._clock
         if root is None:
-            root = self._tree.root(namespace)
+            root = self._tree.root(key)
         node, pos = self._descend(root, data, num_pages)
         if node.parent is None:  # a root (a lower tier's lookup may have let it go): registered while locked
             node = self._tree.adopt(node)
@@ -701,19 +748,23 @@ class PrefixCache:
         self._lock_node(node)
         need = num_pages - pos
         holder = node
-        new = _NO_BLOCKS
-        if need:
+        new = private = _NO_BLOCKS
+        served = pos
+        if self._tenancy is not None:
+            served, decision = self._tenancy.serve(tenant, hit_blocks)
+        if need or served < pos:
             # Ask the policy first, so pages it declines cost no eviction.
             keep = self._admit_pages(node, data, pos, need, now)
             free = self._pool.num_free
-            fit = min(keep, free + self._cached - self._protected)
+            fit = min(pos - served + keep, free + self._cached - self._protected)
             if fit > free:
                 try:
                     self._evict(fit - free)
                 except BaseException:  # a tier failed mid-eviction: the admission never happened
                     self._unlock_node(node)
                     raise
-            new = self._pool.take(fit, CACHED)
+            private = self._pool.take(min(fit, pos - served))
+            new = self._pool.take(fit - len(private), CACHED)
             leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             if leaf is not None:
                 # The admission's lock moves from node down to the new leaf: the
@@ -724,12 +775,18 @@ class PrefixCache:
             self._retain(holder, priority, expires_at)
         admitted = self._admitted
         admitted[holder] = admitted.get(holder, 0) + 1
-        blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
         record = None
         if self._lower is not None and len(new):
-            record = self._lower.admitted(self._tree.find_root(namespace), data, pos, new)
-        return Admission(pos * self.page_size, blocks, new, NodeHandle(holder, holder.gen),
-                         partial(self._finish_admission, holder, pos, record))
+            record = self._lower.admitted(self._tree.find_root(key), data, pos, new)
+        finish = partial(self._finish_admission, holder, pos, record)
+        if self._tenancy is not None:
+            self._tenancy.served(tenant, decision)
+            finish = partial(self._finish_tenant, holder, tenant, decision, new, private, finish)
+            if served < pos:
+                hit_blocks = hit_blocks[:served]
+                new = np.concatenate([private, new])
+        blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
+        return Admission(served * self.page_size, blocks, new, NodeHandle(holder, holder.gen), finish)
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -820,6 +877,7 @@ class PrefixCache:
                 f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
         if self._page_hashes is not None:
             self._page_hashes.check(self._tree.nodes())
+        self._sharing.check(blocks)
         if self._lower is not None:
             self._lower.check()
 
@@ -950,7 +1008,7 @@ class PrefixCache:
         """Rebuild the observers told of pages entering and leaving: the hash index (through the
         event recorder when events are on, which updates it), then the attached page index."""
         first = self._events if self._events is not None else self._page_hashes
-        self._observers = tuple(o for o in (first, self._page_index) if o is not None)
+        self._observers = tuple(o for o in (first, self._page_index, self._tenancy) if o is not None)
 
     # ------------------------------------------------------------------ events
     @property
@@ -1027,6 +1085,14 @@ class PrefixCache:
         if child.heap_id:
             self._rank(child)
         return upper
+
+    def _cut(self, node: Node, pages: int) -> Node:
+        """The node above ``node`` whose last page is page ``pages`` (splitting one there). O(depth)."""
+        while node.parent is not None and node.start >= pages:
+            node = node.parent
+        if node.parent is not None and node.end > pages:
+            node = self._split(node, pages - node.start)
+        return node
 
     def _touch_path(self, node: Node, now: int) -> np.ndarray:
         """Record a use of every node from ``node`` up; return their blocks root-first (a new array).
@@ -1336,6 +1402,28 @@ class PrefixCache:
                 self._end_write(record, None)
         finally:  # the admission ends whatever the lower layer did
             self._abort_admission(node, hit_pages)
+
+    def _finish_tenant(self, holder: Node, tenant: Optional[str], decision: Any, new: np.ndarray,
+                       private: np.ndarray, finish: Callable[[bool], None], aborted: bool) -> None:
+        """End an admission under a sharing rule: a release whose pages are all still cached
+        records the tenant as their requester (an abort, or a batch mate's abort above it, records
+        nothing: the tenant then learns what it would have alone); ``finish`` it; then the
+        ``private`` blocks of the pages it was served as a miss leave, whatever ``finish`` raised."""
+        try:
+            if not aborted and not (self._detached and holder in self._detached):
+                self._tenancy.commit(tenant, decision, new)
+            finish(aborted)
+        finally:
+            self._give_back(private)
+
+    def _partition(self, namespace: Optional[str], tenant: Optional[str]) -> Any:
+        """The tree root key of a request (the namespace unless the sharing rule isolates tenants);
+        raises on a bad namespace or tenant, before anything changes."""
+        check_namespace(namespace)
+        if tenant is None:
+            return namespace
+        _tenancy.check_tenant(tenant)
+        return self._sharing.partition(namespace, tenant)
 
     def _release_admission(self, node: Node) -> None:
         """Give up one admission's lock on ``node`` (called once per admission by :meth:`Admission.release`)."""

@@ -631,21 +631,12 @@ def plot_cmd(results, output, title) -> None:
 @user_errors
 def gen_cmd(kind, seed, num_requests, output, params) -> None:
     """Write a seeded synthetic workload of KIND (system_prompt, multi_turn, rag, agent, long_doc_qa,
-    scan, mix) as token JSONL. Parameters and their meaning: `pydoc radixkv.workload.generators`."""
+    scan, mix, multitenant) as token JSONL. Parameters and their meaning: `pydoc radixkv.workload.generators`."""
     import os
 
     from .workload.generators import generate, write_token_jsonl
 
-    kwargs = {}
-    for item in params:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ArgumentValueError(f"--param must be KEY=VALUE, got {item!r}")
-        try:
-            kwargs[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key.strip()] = value
-    requests = generate(kind, seed, num_requests, **kwargs)
+    requests = generate(kind, seed, num_requests, **gen_params(params))
     if output == "-":
         try:
             write_token_jsonl(requests, sys.stdout)
@@ -655,6 +646,73 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
     else:
         count = write_token_jsonl(requests, output)
         click.echo(f"wrote {count} requests to {output}", err=True)
+
+
+def gen_params(params: tuple) -> dict:
+    """``--param KEY=VALUE`` options as generator keyword arguments (values JSON, else text)."""
+    kwargs = {}
+    for item in params:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ArgumentValueError(f"--param must be KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = value
+    return kwargs
+
+
+@main.command("attack")
+@click.option("--workload", default="multitenant", show_default=True, metavar="multitenant|TRACE",
+              help="The generated multi-tenant workload, or a token trace with a 'tenant' field.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the generated workload.")
+@click.option("--num-requests", default=1000, show_default=True, type=click.IntRange(min=0),
+              help="Requests of the generated workload (probes included).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A multitenant generator parameter (repeatable), as for radixkv gen.")
+@click.option("--sharing", default="shared", show_default=True,
+              type=click.Choice(["shared", "isolated", "k-anonymous", "adaptive"]), help="Sharing rule.")
+@click.option("--k", default=None, type=int, callback=positive,
+              help="k of k-anonymous and adaptive (default 3).")
+@click.option("--budget", default=None, type=click.IntRange(min=0),
+              help="Requests adaptive serves beyond k-anonymity before it isolates a tenant (default 2).")
+@click.option("--attacker", default="attacker", show_default=True, help="The attacker's tenant name.")
+@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--num-blocks", default=None, type=int, callback=positive,
+              help="HBM capacity in blocks (default: the whole trace, nothing evicted).")
+@click.option("--json", "as_json", is_flag=True, help="Only the JSON line.")
+@click.option("--quiet", is_flag=True, help="Same as --json: only the JSON line.")
+@user_errors
+def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacker, page_size, num_blocks, as_json,
+               quiet) -> None:
+    """Replay a multi-tenant workload under a sharing rule and measure the prefix-cache timing attack:
+    pages of other tenants' private prefixes the attacker confirms through hits, and the hit tokens
+    honest tenants keep. The last line is JSON. See `pydoc radixkv.analysis.attack`."""
+    from .analysis.attack import attack
+    from .workload.generators import generate
+
+    options = {name: value for name, value in (("k", k), ("budget", budget)) if value is not None}
+    if sharing in ("shared", "isolated") and options:
+        raise ArgumentValueError(f"--sharing {sharing} takes no --{next(iter(options))}")
+    if workload == "multitenant":
+        requests = generate("multitenant", seed, num_requests, page_size=page_size, **gen_params(params))
+        source = f"multitenant(seed={seed})"
+    else:
+        if params:
+            raise ArgumentValueError("--param applies to the generated workload, not to a trace file")
+        requests, source = open_trace(workload), workload
+    result = attack(requests, sharing=sharing, page_size=page_size, num_blocks=num_blocks, attacker=attacker,
+                    **options).as_dict()
+    if not (as_json or quiet):
+        kept = result["honest_hit_tokens"] / max(result["honest_prompt_tokens"], 1)
+        precision = "-" if result["precision"] is None else f"{result['precision']:.2f}"
+        click.echo(f"{source}, sharing {sharing}" + (f" (k={result['k']})" if result["k"] else ""))
+        click.echo(f"attacker: {result['probes']} probes ({result['skipped_probes']} skipped), recovered "
+                   f"{result['recovered_private_pages']} of {result['private_pages']} private pages, "
+                   f"precision {precision}")
+        click.echo(f"honest: {result['honest_requests']} requests, {result['honest_hit_tokens']:,} of "
+                   f"{result['honest_prompt_tokens']:,} prompt tokens from the cache ({kept:.1%})")
+    click.echo(json.dumps(result))
 
 
 @main.command("cluster")

@@ -157,7 +157,7 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         other = other_pages(cache, request, keys) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
-        admission = admit(request.tokens, namespace=request.namespace)
+        admission = admit(request.tokens, namespace=request.namespace, tenant=request.tenant)
         admission.release()
         hit = admission.hit_tokens
         if before is not None:

@@ -20,6 +20,8 @@ agent          agent loops whose context grows by an action + tool output a step
 long_doc_qa    a few long documents, many questions each
 scan           nothing: one-off prompts that only pollute a cache
 mix            a seeded mixture of the above, overlapping in time
+multitenant    tenants sharing public prefixes and sending private ones, and one
+               attacker probing a dictionary of guesses (``radixkv attack``)
 =============  =================================================================
 
 Conventions shared by all generators:
@@ -61,6 +63,7 @@ GeneratorFn = Callable[..., Iterator[Request]]
 # one part of a generator does not shift another's.
 _DOC_STREAM = 1
 _MIX_STREAM = 2
+_PROBE_STREAM = 3
 
 
 # ---------------------------------------------------------------- validation
@@ -102,10 +105,11 @@ def _tokens(rng: np.random.Generator, mean: int, vocab_size: int) -> np.ndarray:
     return rng.integers(0, vocab_size, size=_length(rng, mean), dtype=TOKEN_DTYPE)
 
 
-def _request(parts: Iterable[np.ndarray], timestamp: float, output_length: int) -> Request:
+def _request(parts: Iterable[np.ndarray], timestamp: float, output_length: int,
+             tenant: Optional[str] = None) -> Request:
     tokens = np.concatenate(list(parts))
     tokens.flags.writeable = False  # prompts can share segments; keep them immutable
-    return Request(tokens, float(timestamp), int(output_length))
+    return Request(tokens, float(timestamp), int(output_length), tenant=tenant)
 
 
 class _Zipf:
@@ -549,6 +553,131 @@ def mix(
     return run()
 
 
+ATTACKER = "attacker"
+"""The tenant name of :func:`multitenant`'s attacker (``radixkv attack --attacker``'s default)."""
+
+
+def multitenant(
+    seed: int,
+    num_requests: int,
+    *,
+    num_tenants: int = 8,
+    num_prompts: int = 4,
+    system_tokens: int = 256,
+    num_docs: int = 8,
+    doc_tokens: int = 512,
+    private_docs: int = 3,
+    private_tokens: int = 512,
+    question_tokens: int = 32,
+    private_share: float = 0.4,
+    doc_share: float = 0.3,
+    zipf_alpha: float = 1.0,
+    probe_every: int = 3,
+    probe_start: float = 0.25,
+    probe_pages: int = 1,
+    extend_pages: int = 2,
+    page_size: int = 16,
+    output_tokens: int = 64,
+    request_rate: float = 10.0,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Iterator[Request]:
+    """Tenants ``t0 .. t{n-1}`` sharing public prefixes and sending private ones, probed by one
+    attacker tenant (:data:`ATTACKER`): the workload of ``radixkv attack``.
+
+    Public: ``num_prompts`` system prompts (Zipf-popular) and ``num_docs``
+    popular documents (Zipf), each document behind its own system prompt.
+    Private: each tenant's ``private_docs`` documents (personal context),
+    each behind a fixed system prompt. An honest request (a uniform tenant)
+    is, with probability ``private_share``, one of its private documents,
+    else with ``doc_share`` a popular document, else a bare system prompt,
+    followed by a fresh question.
+
+    The attacker knows a dictionary: every private document's first
+    ``probe_pages`` pages (with its system prompt), as many decoys (a system
+    prompt and random pages), and every public prefix. After ``probe_start``
+    of the requests, it sends one probe (exactly a candidate, cut at a page
+    of ``page_size`` tokens) after every ``probe_every`` honest requests, the
+    candidates in a random order; after each private candidate or decoy come
+    ``extend_pages`` rounds of the next page: the true one, then a wrong
+    guess (PromptPeek's reconstruction; ``radixkv attack`` sends a round
+    only when the page before it was a hit). ``num_requests`` counts both.
+
+    Cost: O(total tokens).
+    """
+    seed, num_requests = _common(seed, num_requests)
+    counts = {name: check_int(value, name, minimum=1) for name, value in (
+        ("num_tenants", num_tenants), ("num_prompts", num_prompts), ("num_docs", num_docs),
+        ("private_docs", private_docs), ("probe_every", probe_every), ("probe_pages", probe_pages),
+        ("page_size", page_size), ("question_tokens", question_tokens))}
+    for name, value in (("system_tokens", system_tokens), ("doc_tokens", doc_tokens),
+                        ("private_tokens", private_tokens), ("output_tokens", output_tokens),
+                        ("extend_pages", extend_pages)):
+        check_int(value, name, minimum=0)
+    shares = [_real(name, value, 0.0) for name, value in (
+        ("private_share", private_share), ("doc_share", doc_share), ("probe_start", probe_start))]
+    if shares[0] + shares[1] > 1 or shares[2] > 1:
+        raise ArgumentValueError(f"private_share + doc_share and probe_start must be <= 1, got "
+                                 f"{shares[0] + shares[1]!r} and {shares[2]!r}")
+    zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
+    request_rate = _real("request_rate", request_rate, 0.0, above=True)
+    vocab_size = _vocab(vocab_size)
+    page = counts["page_size"]
+
+    def probes(public: list, private: list, rng: np.random.Generator) -> list:
+        """The attacker's schedule: one list of probes per candidate, the candidates shuffled."""
+        groups = []
+        for prefix, body in private + [(p, _tokens(rng, private_tokens, vocab_size)) for p, _ in private]:
+            whole = np.concatenate([prefix, body])
+            base = (len(prefix) // page + probe_pages) * page
+            if base > len(whole):
+                continue
+            group = [whole[:base]]
+            for step in range(1, extend_pages + 1):
+                end = base + step * page
+                if end > len(whole):
+                    break
+                wrong = rng.integers(0, vocab_size, size=page, dtype=TOKEN_DTYPE)
+                group += [whole[:end], np.concatenate([whole[: end - page], wrong])]
+            groups.append(group)
+        groups += [[p[: len(p) // page * page]] for p in public if len(p) >= page]
+        return [groups[i] for i in rng.permutation(len(groups))]
+
+    def run() -> Iterator[Request]:
+        rng = np.random.default_rng(seed)
+        corpus = _Corpus(seed, doc_tokens, vocab_size)
+        prompts = [_tokens(rng, system_tokens, vocab_size) for _ in range(counts["num_prompts"])]
+        popular = _Zipf(counts["num_prompts"], zipf_alpha)
+        docs = [(prompts[popular.draw(rng)], corpus.doc(i)) for i in range(counts["num_docs"])]
+        doc_popularity = _Zipf(counts["num_docs"], zipf_alpha)
+        private = [[(prompts[popular.draw(rng)], _tokens(rng, private_tokens, vocab_size))
+                    for _ in range(counts["private_docs"])] for _ in range(counts["num_tenants"])]
+        schedule = [np.concatenate([p, d]) for p, d in docs]
+        probe_rng = np.random.default_rng([seed, _PROBE_STREAM])
+        pending = [probe for group in probes(schedule + prompts, [pd for own in private for pd in own],
+                                             probe_rng) for probe in group]
+        honest = 0
+        for i, t in zip(range(num_requests), _poisson(rng, request_rate)):
+            if pending and i >= shares[2] * num_requests and honest >= counts["probe_every"]:
+                honest = 0
+                probe = pending.pop(0)
+                probe.flags.writeable = False
+                yield Request(probe, float(t), 1, tenant=ATTACKER)
+                continue
+            honest += 1
+            tenant = int(rng.integers(counts["num_tenants"]))
+            draw = rng.random()
+            if draw < shares[0]:
+                parts = private[tenant][int(rng.integers(counts["private_docs"]))]
+            elif draw < shares[0] + shares[1]:
+                parts = docs[doc_popularity.draw(rng)]
+            else:
+                parts = (prompts[popular.draw(rng)],)
+            question = _tokens(rng, question_tokens, vocab_size)
+            yield _request((*parts, question), t, _length(rng, output_tokens), tenant=f"t{tenant}")
+
+    return run()
+
+
 GENERATORS: dict[str, GeneratorFn] = {
     "system_prompt": system_prompt,
     "multi_turn": multi_turn,
@@ -557,6 +686,7 @@ GENERATORS: dict[str, GeneratorFn] = {
     "long_doc_qa": long_doc_qa,
     "scan": scan,
     "mix": mix,
+    "multitenant": multitenant,
 }
 """Workload kind -> generator ``(seed, num_requests, **params) -> Iterator[Request]``."""
 
@@ -585,9 +715,10 @@ def generate(kind: str, seed: int, num_requests: int, **params: object) -> Itera
 
 
 def write_token_jsonl(requests: Iterable[Request], path_or_file: Union[str, os.PathLike, IO[str]]) -> int:
-    """Write requests as token JSONL, one ``{"tokens", "timestamp", "output_length", "namespace"}`` a line.
+    """Write requests as token JSONL, one ``{"tokens", "timestamp", "output_length", "namespace",
+    "tenant"}`` a line.
 
-    ``timestamp`` is omitted when ``None`` and ``namespace`` when ``None``,
+    ``timestamp``, ``namespace`` and ``tenant`` are omitted when ``None``,
     which is how the token-JSONL loader reads an absent field. Accepts a path
     (created or truncated, UTF-8) or an open text file (left open). Returns
     the number of lines written.
@@ -611,6 +742,8 @@ def _write_lines(requests: Iterable[Request], f: IO[str]) -> int:
         record["output_length"] = request.output_length
         if request.namespace is not None:
             record["namespace"] = request.namespace
+        if request.tenant is not None:
+            record["tenant"] = request.tenant
         f.write(json.dumps(record, separators=(",", ":")))
         f.write("\n")
         count += 1

@@ -36,13 +36,15 @@ class Request:
         tokens: prompt token ids, a 1-D ``uint32`` array.
         timestamp: arrival time in seconds, or ``None`` when the trace has none.
         output_length: tokens the request generated (0 when unknown).
-        namespace: cache partition (tenant, LoRA adapter); ``None`` is the shared one.
+        namespace: cache partition (LoRA adapter, model variant); ``None`` is the shared one.
+        tenant: who sent it (see :mod:`radixkv.tenancy`); ``None`` when the trace does not say.
     """
 
     tokens: np.ndarray
     timestamp: Optional[float] = None
     output_length: int = 0
     namespace: Optional[str] = field(default=None)
+    tenant: Optional[str] = field(default=None)
 
 
 def expand_mooncake(hash_ids: list, input_length: int) -> np.ndarray:
@@ -217,14 +219,15 @@ def _time_field(record: dict, path: str, lineno: int, per_second: float) -> Opti
     return seconds
 
 
-def _namespace_field(record: dict, path: str, lineno: int) -> Optional[str]:
-    """Field ``namespace``: a str that is valid Unicode (JSON can spell a lone surrogate, ``"\\ud800"``)."""
-    value = _field(record, "namespace", str, path, lineno, required=False)
+def _namespace_field(record: dict, path: str, lineno: int, name: str = "namespace") -> Optional[str]:
+    """Field ``namespace`` (or ``tenant``): a str that is valid Unicode (JSON can spell a lone surrogate,
+    ``"\\ud800"``)."""
+    value = _field(record, name, str, path, lineno, required=False)
     if value is not None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise TraceFormatError(path, lineno, f"field 'namespace' holds a lone surrogate at character "
+            raise TraceFormatError(path, lineno, f"field {name!r} holds a lone surrogate at character "
                                    f"{exc.start}, got {brief(value)}") from None
     return value
 
@@ -247,7 +250,8 @@ def _parse_tokens(record: dict, path: str, lineno: int) -> Request:
     tokens = _int_list(record, "tokens", path, lineno, MAX_TOKEN).astype(TOKEN_DTYPE)
     ts = _time_field(record, path, lineno, 1.0)
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
-    return Request(tokens, ts, out, _namespace_field(record, path, lineno))
+    return Request(tokens, ts, out, _namespace_field(record, path, lineno),
+                   _namespace_field(record, path, lineno, "tenant"))
 
 
 MAX_MOONCAKE_HASH_ID = (MAX_TOKEN + 1) // MOONCAKE_BLOCK_TOKENS - 1
@@ -263,7 +267,8 @@ def _parse_mooncake(record: dict, path: str, lineno: int) -> Request:
             f"field 'input_length' {length} does not fit {len(hash_ids)} blocks of {MOONCAKE_BLOCK_TOKENS}")
     ts = _time_field(record, path, lineno, 1000.0)  # milliseconds
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
-    return Request(expand_mooncake(hash_ids, length), ts, out, None)
+    return Request(expand_mooncake(hash_ids, length), ts, out, None,
+                   _namespace_field(record, path, lineno, "tenant"))
 
 
 _PARSERS = {"tokens": _parse_tokens, "mooncake": _parse_mooncake}

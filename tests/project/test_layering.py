@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = [
     {"errors", "keys"},
     {"tree", "page_keys", "token_buffer", "costs"},
-    {"pool", "victims", "capacity"},
+    {"pool", "victims", "capacity", "tenancy"},
     {"policies"},
     {"events"},
     {"lower"},

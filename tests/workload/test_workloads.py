@@ -34,6 +34,8 @@ def _digest(requests) -> str:
     for r in requests:
         h.update(r.tokens.tobytes())
         h.update(repr((r.timestamp, r.output_length, r.namespace)).encode())
+        if r.tenant is not None:  # only multitenant names tenants: the other digests stay
+            h.update(r.tenant.encode())
     return h.hexdigest()[:16]
 
 
@@ -110,6 +112,7 @@ GOLDEN = {
     "long_doc_qa": "a4c183d964c128c3",
     "mix": "04755a6053f09ab2",
     "multi_turn": "0d79c4b5ee40d63a",
+    "multitenant": "3f869d00aa8d447e",
     "rag": "8e6d559cf254ac2c",
     "scan": "8640bb4aa83fe57b",
     "system_prompt": "94bd817f24ae982a",
@@ -286,7 +289,8 @@ def test_generate_unknown_kind_and_param():
 
 
 def test_mix_covers_all_base_kinds():
-    assert set(MIX_KINDS) == set(GENERATORS) - {"mix"}
+    # multitenant is the attack workload (tenants and probes), not a serving pattern to mix
+    assert set(MIX_KINDS) == set(GENERATORS) - {"mix", "multitenant"}
 
 
 # ---------------------------------------------------------- token JSONL out

@@ -15,6 +15,7 @@ from ...cache import NodeHandle, PrefixCache
 from ...errors import ArgumentTypeError, ArgumentValueError, InvalidBlocksError
 from ... import policies as _policies
 from ...keys import check_positive_int
+from ...tenancy import Sharing
 from .compat import Calls055
 from .eviction import _eviction_policy
 from .kv_events import _SGLangEvents
@@ -57,6 +58,12 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
             for ``slru``).
         enable_kv_cache_events: record KV events for :meth:`take_events`.
         disable: behave like SGLang with ``--disable-radix-cache`` (nothing is cached).
+        sharing: radixkv's sharing rule between tenants (:mod:`radixkv.tenancy`). Under
+            ``"k-anonymous"`` or ``"adaptive"`` a request's ``cache_salt`` is its tenant (the
+            namespace is ``extra_key`` alone): a salted request is served the pages it cached
+            itself or that k other salts asked for. Otherwise (the default) the salt partitions,
+            as in SGLang. KV events then publish the one shared copy of a page, unsalted: a
+            router that routes on them must not promise a salted request a hit.
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         eviction_policy_config: Optional[Dict[str, Any]] = None,
         enable_kv_cache_events: bool = False,
         disable: bool = False,
+        sharing: Union[str, Sharing, None] = None,
     ) -> None:
         page_size = check_positive_int(page_size, "page_size")
         if num_pages is None:
@@ -87,7 +95,8 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         self.enable_kv_cache_events = bool(enable_kv_cache_events)
         self._returned: Optional[List[np.ndarray]] = None  # collects an insert's freed blocks, else None
         self.cache = PrefixCache(num_pages, page_size, policy=policy,
-                                 enable_events=self.enable_kv_cache_events, on_free=self._freed)
+                                 enable_events=self.enable_kv_cache_events, on_free=self._freed, sharing=sharing)
+        self._salt_is_tenant = self.cache.sharing.filters
         """The radixkv cache underneath (its block ids are SGLang page indices)."""
         # Every block starts out SGLang's (held): its allocator, not radixkv, hands out slots, and
         # radixkv's insert takes only blocks its caller holds. Blocks radixkv lets go of come back
@@ -143,14 +152,22 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
                 f"kv indices are not whole pages of page_size {p} (slot = page * {p} + offset)")
         return blocks
 
-    @staticmethod
-    def _key(key: Any) -> Tuple[Any, Optional[str]]:
-        """(tokens, namespace) of a ``RadixKey``."""
+    def _key(self, key: Any) -> Tuple[Any, Tuple[Optional[str], Optional[str]]]:
+        """(tokens, (namespace, tenant)) of a ``RadixKey``."""
         if getattr(key, "is_bigram", False):
             raise ArgumentValueError(f"bigram (EAGLE) keys are not supported, got {key!r}")
         raw = getattr(key, "raw_token_ids", None)
         tokens = raw() if raw is not None else key.token_ids
-        return tokens, namespace_of(getattr(key, "extra_key", None), getattr(key, "cache_salt", None))
+        return tokens, self._where(key)
+
+    def _where(self, holder: Any) -> Tuple[Optional[str], Optional[str]]:
+        """(namespace, tenant) of the ``extra_key`` and ``cache_salt`` of ``holder`` (a key or a
+        request): the salt partitions unless the sharing rule serves tenants; then it is the tenant."""
+        extra_key, salt = getattr(holder, "extra_key", None), getattr(holder, "cache_salt", None)
+        namespace = namespace_of(extra_key, salt)  # checks both
+        if self._salt_is_tenant:
+            return namespace_of(extra_key, None), salt or None
+        return namespace, None
 
     def _free(self, slots: np.ndarray) -> None:
         if len(slots):
@@ -169,7 +186,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         else:
             self._free(self._slots(blocks))
 
-    def _insert(self, tokens: Any, blocks: np.ndarray, namespace: Optional[str],
+    def _insert(self, tokens: Any, blocks: np.ndarray, where: Tuple[Optional[str], Optional[str]],
                 free_duplicates: bool) -> int:
         """radixkv insert; returns pages already cached.
 
@@ -182,7 +199,7 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         declined = cache.declined_blocks
         self._returned = []
         try:
-            present = cache.insert(tokens, blocks, namespace=namespace)
+            present = cache.insert(tokens, blocks, namespace=where[0], tenant=where[1])
         finally:
             returned, self._returned = self._returned, None
         if returned:
@@ -191,9 +208,10 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
             self._free(self._slots(returned[:split] if free_duplicates else returned[split:]))
         return present
 
-    def _insert_slots(self, key: Any, value: Any) -> Tuple[int, Any, Optional[str], int]:
-        """Insert ``key``'s full pages held in slots ``value``: (tokens present, tokens, namespace, full tokens)."""
-        tokens, namespace = self._key(key)
+    def _insert_slots(self, key: Any, value: Any) -> Tuple[int, Any, Tuple[Optional[str], Optional[str]], int]:
+        """Insert ``key``'s full pages held in slots ``value``: (tokens present, tokens, (namespace,
+        tenant), full tokens)."""
+        tokens, where = self._key(key)
         if value is None:
             raise ArgumentValueError("insert needs value (the kv slot indices of key's tokens), got None")
         slots = _to_numpy(value)
@@ -201,16 +219,16 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
             raise ArgumentValueError(f"value must hold one slot per token ({len(tokens)}), got {len(slots)}")
         n = len(tokens) // self.page_size * self.page_size
         if self.disable:
-            return 0, tokens, namespace, n
-        present = self._insert(tokens[:n], self._blocks(slots[:n]), namespace, free_duplicates=False)
-        return present * self.page_size, tokens, namespace, n
+            return 0, tokens, where, n
+        present = self._insert(tokens[:n], self._blocks(slots[:n]), where, free_duplicates=False)
+        return present * self.page_size, tokens, where, n
 
     def _match(self, key: Any):
         """radixkv's match of ``key``'s cached prefix (empty when the cache is disabled); marks it used."""
-        tokens, namespace = self._key(key)
-        return self.cache.match([] if self.disable else tokens, namespace=namespace)
+        tokens, (namespace, tenant) = self._key(key)
+        return self.cache.match([] if self.disable else tokens, namespace=namespace, tenant=tenant)
 
-    def _cached_path(self, tokens: Any, namespace: Optional[str]) -> Tuple[NodeHandle, np.ndarray]:
+    def _cached_path(self, tokens: Any, where: Tuple[Optional[str], Optional[str]]) -> Tuple[NodeHandle, np.ndarray]:
         """Handle and blocks of the cached page prefix of ``tokens``, without marking a use.
 
         The adapter looks up what it has just inserted. Counting that lookup
@@ -219,13 +237,14 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         Cost: one read-only walk when every page is cached (what an insert of
         ``tokens`` leaves, unless the policy declined some); else a second
         walk, and a match (which splits) only if the cached prefix ends inside
-        a node.
+        a node. The tenant has just inserted every page: the sharing rule serves it them all.
         """
         cache = self.cache
+        namespace, tenant = where
         m = cache.peek_match(tokens, namespace=namespace)
         if (m.num_tokens < len(tokens) // self.page_size * self.page_size
                 and m.num_tokens < cache.cached_pages(tokens, namespace=namespace) * self.page_size):
-            m = cache.match(tokens, namespace=namespace)
+            m = cache.match(tokens, namespace=namespace, tenant=tenant)
         return m.node, m.blocks
 
     # ------------------------------------------------------------ BasePrefixCache (SGLang 0.5.23)
@@ -268,8 +287,8 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
     def touch_prefix(self, key: Any) -> None:
         """Mark the cached prefix of ``key`` used (a match without a result)."""
         if not self.disable:
-            tokens, namespace = self._key(key)
-            self.cache.match(tokens, namespace=namespace)
+            tokens, (namespace, tenant) = self._key(key)
+            self.cache.match(tokens, namespace=namespace, tenant=tenant)
 
     def path_device_indices(self, node: NodeHandle) -> Any:
         """Slot indices of every page from the root through ``node``. O(depth + pages)."""
@@ -287,8 +306,8 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         """
         if not hasattr(params, "key"):  # bare RadixKey
             return self._insert_0_5_5(params, value)
-        present, tokens, namespace, n = self._insert_slots(params.key, params.value)
-        return InsertResult(prefix_len=present, last_device_node=self._cached_path(tokens[:n], namespace)[0])
+        present, tokens, where, n = self._insert_slots(params.key, params.value)
+        return InsertResult(prefix_len=present, last_device_node=self._cached_path(tokens[:n], where)[0])
 
     def checkpoint(self, req, *, up_to: int, **kwargs):
         """Cache ``req``'s KV for row positions ``[0, up_to)`` and re-anchor the request on it.
@@ -314,14 +333,14 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
             up_to = committed
         token_ids = req.full_untruncated_fill_ids[:up_to]
         aligned = len(token_ids) // p * p
-        namespace = namespace_of(getattr(req, "extra_key", None), getattr(req, "cache_salt", None))
+        where = self._where(req)
         pool = self.req_to_token_pool
         slots = _to_numpy(pool.req_to_token[kv.req_pool_idx, :aligned])
         protected = kv.cache_protected_len
-        self._insert(token_ids[:aligned], self._blocks(slots), namespace, free_duplicates=True)
+        self._insert(token_ids[:aligned], self._blocks(slots), where, free_duplicates=True)
         if hasattr(kv, "cache_inserted_len"):
             kv.cache_inserted_len = max(kv.cache_inserted_len, aligned)
-        node, blocks = self._cached_path(token_ids[:aligned], namespace)
+        node, blocks = self._cached_path(token_ids[:aligned], where)
         new_indices = self._slots(blocks)
         if len(new_indices) > protected:
             pool.write((kv.req_pool_idx, slice(protected, len(new_indices))),

@@ -1,0 +1,242 @@
+"""Sharing between tenants (radixkv.tenancy through PrefixCache): what a tenant can observe.
+
+The central property: under k-anonymous sharing, a page served to tenant X as a hit was
+requested before by X itself or by at least k distinct other tenants, whatever sequence of
+requests (admissions released or aborted, matches, held admissions, evictions) came before;
+and a tenant facing fewer than k others observes exactly what it would observe alone.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from radixkv import PrefixCache
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
+from radixkv.tenancy import Adaptive, KAnonymous, available, create
+
+from ..strategies import snapshot
+
+PAGE = 2
+TENANTS = ["a", "b", "c", "d", None]
+
+# A request is a path of 1..4 pages over a small alphabet, so requests share prefixes often.
+paths = st.lists(st.integers(0, 2), min_size=1, max_size=4).map(tuple)
+steps = st.lists(
+    st.tuples(st.sampled_from(TENANTS), paths, st.sampled_from(["release", "abort", "hold", "match", "insert"])),
+    max_size=30)
+
+
+def tokens(path) -> list:
+    """Page ``i`` of a path holds its letter twice, plus the depth, so equal prefixes are equal pages."""
+    return [t for d, p in enumerate(path) for t in (p, 10 * d + p)]
+
+
+def run(cache: PrefixCache, sequence, history=None, on_hit=None, holders=None) -> list:
+    """Replay ``sequence`` on ``cache`` (check() after every step); return the tokens served per step.
+
+    ``on_hit(tenant, path, served_pages)`` is called before the step enters ``history``. Each
+    tenant holds at most two admissions open, released oldest first by its own next hold
+    (``holders``: whose queue each step's hold joins, the tenant by default).
+    """
+    held = defaultdict(list)
+    observed = []
+    for step, (tenant, path, how) in enumerate(sequence):
+        if how == "match":
+            served = cache.match(tokens(path), tenant=tenant).num_tokens
+        elif how == "insert":  # SGLang's way: match, compute the rest into own blocks, insert it all
+            m = cache.match(tokens(path), tenant=tenant)
+            served = m.num_tokens
+            cache.lock(m.node)  # as SGLang: the matched pages stay while it allocates the rest
+            own = cache.allocate(len(path) - len(m.blocks))
+            if own is not None:
+                cache.insert(tokens(path), np.concatenate([m.blocks, own]), tenant=tenant)
+            cache.unlock(m.node)
+        else:
+            adm = cache.admit(tokens(path), tenant=tenant)
+            served = adm.hit_tokens
+            assert len(adm.blocks) <= len(path)
+            if how == "release":
+                adm.release()
+            elif how == "abort":
+                adm.abort()
+            else:
+                mine = held[tenant if holders is None else holders[step]]
+                mine.append(adm)
+                if len(mine) > 2:
+                    mine.pop(0).release()
+        observed.append(served)
+        if on_hit is not None:
+            on_hit(tenant, path, served // PAGE)
+        if history is not None:
+            for d in range(1, len(path) + 1):
+                history[path[:d]].add(tenant)
+        cache.check()
+    for adm in [adm for mine in held.values() for adm in mine]:
+        adm.release()
+    cache.check()
+    assert cache.num_held_blocks == 0, "private blocks of pages served as a miss leaked"
+    return observed
+
+
+@given(sequence=steps, k=st.integers(1, 3), num_blocks=st.integers(2, 12), adaptive=st.booleans())
+def test_k_anonymous_hit_needs_the_tenant_itself_or_k_others(sequence, k, num_blocks, adaptive):
+    """Every served page: requested before by the tenant, or by >= k distinct others (evicting,
+    aborting and holding on the way). Under adaptive, only ``budget`` requests per tenant break it."""
+    rule = Adaptive(k=k, budget=1) if adaptive else KAnonymous(k=k)
+    cache = PrefixCache(num_blocks, page_size=PAGE, sharing=rule)
+    history = defaultdict(set)
+    broken = defaultdict(int)
+
+    def on_hit(tenant, path, served):
+        for d in range(1, served + 1):
+            who = history[path[:d]]
+            if tenant not in who and len(who) < k:
+                broken[tenant] += 1
+                break
+
+    run(cache, sequence, history, on_hit)
+    assert all(n <= (1 if adaptive else 0) for n in broken.values()), dict(broken)
+
+
+@given(attacker=steps, others=steps, k=st.integers(2, 4), data=st.data())
+def test_fewer_than_k_others_are_invisible(attacker, others, k, data):
+    """A tenant facing fewer than k other tenants observes exactly what it observes alone, in
+    any interleaving of its requests with theirs (no eviction: capacity holds everything).
+
+    The others' admissions are released, not aborted: an abort uncaches a page the tenant may
+    have been served as a miss meanwhile (its own copy was not kept), the one residual channel
+    the KAnonymous docstring names."""
+    crew = data.draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=k - 1, unique=True))
+    mine = [("x", path, how) for _, path, how in attacker]
+    theirs = [(crew[i % len(crew)], path, "release" if how == "abort" else how)
+              for i, (_, path, how) in enumerate(others)]
+    order = data.draw(st.permutations([0] * len(mine) + [1] * len(theirs)))
+    together, queues = [], [list(mine), list(theirs)]
+    for who in order:
+        together.append(queues[who].pop(0))
+    capacity = 8 * (len(together) + 1)
+    alone = run(PrefixCache(capacity, page_size=PAGE, sharing=KAnonymous(k=k)), mine)
+    seen = run(PrefixCache(capacity, page_size=PAGE, sharing=KAnonymous(k=k)), together)
+    assert [s for s, (tenant, _, _) in zip(seen, together) if tenant == "x"] == alone
+
+
+@given(sequence=steps, num_blocks=st.integers(2, 12))
+def test_isolated_shares_nothing(sequence, num_blocks):
+    """Under isolated, a served page was requested before by the same tenant."""
+    cache = PrefixCache(num_blocks, page_size=PAGE, sharing="isolated")
+    history = defaultdict(set)
+
+    def on_hit(tenant, path, served):
+        for d in range(1, served + 1):
+            assert tenant in history[path[:d]], (tenant, path[:d], history[path[:d]])
+
+    run(cache, sequence, history, on_hit)
+
+
+@given(sequence=steps, num_blocks=st.integers(2, 12))
+def test_shared_is_the_cache_without_tenants(sequence, num_blocks):
+    """Under shared (the default) tenants change nothing: the same hits and the same pages as a
+    cache that never heard of them."""
+    with_tenants = PrefixCache(num_blocks, page_size=PAGE, sharing="shared")
+    without = PrefixCache(num_blocks, page_size=PAGE)
+    seen = run(with_tenants, sequence)
+    assert seen == run(without, [(None, path, how) for _, path, how in sequence],
+                       holders=[tenant for tenant, _, _ in sequence])
+    assert snapshot(with_tenants) == snapshot(without)
+
+
+def test_private_blocks_are_the_callers_until_the_admission_ends():
+    """Pages served as a miss get held blocks at the head of new_blocks; they go back at release
+    and at abort, and to the free-block sink when there is one; the tree keeps one copy."""
+    sunk = []
+    cache = PrefixCache(16, page_size=PAGE, sharing="k-anonymous")
+    cache.admit(tokens((1, 2)), tenant="v").release()
+    cached = cache.num_cached_blocks
+    for last, end in enumerate(("release", "abort")):
+        adm = cache.admit(tokens((1, 2, last)), tenant="x" + end)
+        assert adm.hit_tokens == 0 and len(adm.new_blocks) == 3 and len(adm.blocks) == 3
+        assert cache.are_held(adm.new_blocks[:2]) and cache.num_held_blocks == 2
+        getattr(adm, end)()
+        assert cache.num_held_blocks == 0
+        cache.check()
+    assert cache.num_cached_blocks == cached + 1  # the released third page; the aborted one left
+    cache.on_free = sunk.append
+    adm = cache.admit(tokens((1, 2)), tenant="y")
+    private = adm.new_blocks.copy()
+    adm.release()
+    assert [b.tolist() for b in sunk] == [private.tolist()]
+    cache.on_free = None
+    cache.free(sunk[0])
+    cache.check()
+
+
+def served(cache: PrefixCache, path, tenant) -> int:
+    """Hit tokens of one admission of ``path`` by ``tenant``, released."""
+    with cache.admit(tokens(path), tenant=tenant) as adm:
+        return adm.hit_tokens
+
+
+def test_a_prefix_becomes_a_hit_for_all_after_k_others():
+    cache = PrefixCache(32, page_size=PAGE, sharing=KAnonymous(k=2))
+    for tenant in ("a", "b"):
+        assert served(cache, (1, 2), tenant) == 0
+    assert cache.admit(tokens((1, 2)), tenant="c").hit_tokens == 4  # a and b asked
+    assert served(cache, (1, 2, 0), "c") == 4
+    assert served(cache, (1, 2), "a") == 4  # its own, and b's and c's
+    assert cache.match(tokens((1, 2, 0)), tenant="d").num_tokens == 4  # page 3: c alone
+    assert cache.match(tokens((1, 2, 0)), tenant="c").num_tokens == 6
+
+
+def test_adaptive_isolates_a_tenant_after_its_budget():
+    rule = Adaptive(k=3, budget=2)
+    cache = PrefixCache(64, page_size=PAGE, sharing=rule)
+    for p in range(3):
+        cache.admit(tokens((p, p)), tenant="victim").release()
+    served = [cache.admit(tokens((p, p)), tenant="prober").hit_tokens for p in range(3)]
+    assert served == [4, 4, 0] and rule.isolated_tenants() == ["prober"]
+    cache.check()
+
+
+def test_isolated_partitions_by_tenant_within_namespaces():
+    cache = PrefixCache(32, page_size=PAGE, sharing="isolated")
+    cache.admit(tokens((1,)), tenant="a", namespace="lora").release()
+    assert cache.admit(tokens((1,)), tenant="a").hit_tokens == 0
+    assert cache.admit(tokens((1,)), tenant="b", namespace="lora").hit_tokens == 0
+    assert cache.admit(tokens((1,)), tenant="a", namespace="lora").hit_tokens == 2
+    assert cache.admit(tokens((1,)), namespace="lora").hit_tokens == 0
+    cache.check()
+
+
+@pytest.mark.parametrize("tenant, error", [(3, ArgumentTypeError), (b"a", ArgumentTypeError),
+                                           ("\ud800", ArgumentValueError)])
+@pytest.mark.parametrize("sharing", available())
+def test_a_bad_tenant_changes_nothing(sharing, tenant, error):
+    cache = PrefixCache(16, page_size=PAGE, sharing=sharing)
+    cache.admit(tokens((1, 2)), tenant="v").release()
+    before = snapshot(cache)
+    with pytest.raises(error, match="tenant"):
+        cache.admit(tokens((1, 2)), tenant=tenant)
+    with pytest.raises(error, match="tenant"):
+        cache.match(tokens((1, 2)), tenant=tenant)
+    own = cache.allocate(2)
+    before = snapshot(cache)
+    with pytest.raises(error, match="tenant"):
+        cache.insert(tokens((3, 4)), own, tenant=tenant)
+    assert snapshot(cache) == before
+    cache.check()
+
+
+def test_create_names_the_rules_and_options():
+    assert create("k-anonymous", k=5).k == 5
+    with pytest.raises(ArgumentValueError, match="k-anonymous"):
+        create("k-anon")
+    with pytest.raises(ArgumentValueError, match="'k'"):
+        create("shared", k=2)
+    with pytest.raises(ArgumentValueError, match="k"):
+        create("k-anonymous", k=0)
+    with pytest.raises(ArgumentTypeError, match="sharing"):
+        create(3)
