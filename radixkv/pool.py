@@ -33,6 +33,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import extents
 from .errors import ArgumentValueError, InvalidBlocksError
 from .keys import uint32_array
 
@@ -51,8 +52,8 @@ _MIN_RUN_IDS = 2048
 _SPLIT_MIN_IDS = 2048
 _IDS_PER_RUN = 128
 _FIRST_TABLE = 1024  # state bytes and id table a new pool starts with (at most num_blocks)
+_MAX_PARTS = 16  # a take spanning more stack entries than this comes back as one array
 
-_EMPTY = np.empty(0, dtype=BLOCK_DTYPE)
 
 
 class BlockPool:
@@ -118,10 +119,23 @@ class BlockPool:
         The caller checked ``n <= num_free``; more raises :class:`ValueError`.
         Cost: O(stack entries consumed) Python, O(n) C.
         """
+        parts = self.take_parts(n, state)
+        if len(parts) == 1 and parts[0].__class__ is not tuple:
+            return parts[0]  # a fresh array already
+        return extents.to_array(parts)
+
+    def take_parts(self, n: int, state: int = HELD) -> extents.Parts:
+        """:meth:`take` as extents (:mod:`radixkv.extents`): the same ids in the same order, runs
+        left as ``(first, last)`` pairs, so a run costs a slice fill of the state bytes and no id array.
+
+        Array parts are new arrays (never views of the free list). More than ``_MAX_PARTS``
+        parts come back as one array. Cost: O(stack entries consumed) Python; O(n) C for the
+        state bytes, plus O(ids) for ids that came back fragmented.
+        """
         if n > self._num_free:
             raise ArgumentValueError(f"take({n}) with only {self._num_free} blocks free")
         if n <= 0:
-            return _EMPTY.copy()
+            return extents.NONE
         stack, st = self._stack, self._state
         parts = []
         left = n
@@ -133,7 +147,7 @@ class BlockPool:
                     self._grow(hi)
                     st = self._state
                 st[lo:hi] = state
-                parts.append(np.arange(lo, hi, dtype=BLOCK_DTYPE))
+                parts.append((lo, hi - 1))
                 self._fresh = hi
                 break
             entry = stack[-1]
@@ -143,7 +157,7 @@ class BlockPool:
                     k = min(left, last - first + 1)
                     lo = last - k + 1
                     st[lo : last + 1] = state
-                    parts.append(np.arange(last, lo - 1, -1, dtype=BLOCK_DTYPE))
+                    parts.append((last, lo))
                     if lo == first:
                         stack.pop()
                     else:
@@ -152,7 +166,7 @@ class BlockPool:
                     k = min(left, first - last + 1)
                     hi = last + k
                     st[last:hi] = state
-                    parts.append(np.arange(last, hi, dtype=BLOCK_DTYPE))
+                    parts.append((last, hi - 1))
                     if hi > first:
                         stack.pop()
                     else:
@@ -160,7 +174,7 @@ class BlockPool:
             else:
                 size = len(entry)
                 k = min(left, size)
-                part = entry[size - k :][::-1]
+                part = entry[size - k :][::-1].copy()  # not a view: it would keep the whole entry alive
                 st[part] = state
                 parts.append(part)
                 if k == size:
@@ -169,10 +183,9 @@ class BlockPool:
                     stack[-1] = entry[: size - k]
             left -= k
         self._num_free -= n
-        if len(parts) == 1:
-            part = parts[0]
-            return part if part.base is None else part.copy()
-        return np.concatenate(parts)
+        if len(parts) > _MAX_PARTS:
+            return (extents.to_array(parts),)
+        return tuple(parts)
 
     def give_back(self, blocks: np.ndarray) -> None:
         """Return ``HELD`` or ``CACHED`` blocks (distinct, handed out) to the free list.
@@ -190,17 +203,27 @@ class BlockPool:
                 self._push_runs(runs)
             self._num_free += len(blocks)
 
-    def give_back_parts(self, parts: Sequence[np.ndarray]) -> None:
-        """:meth:`give_back` of each array in ``parts``, in order (e.g. the tails of several evicted
-        leaves). A part that is one run (or a few long ones) is pushed as runs; the other parts
-        between two runs are joined and scattered once. O(parts + runs) Python, O(total ids) C."""
+    def give_back_parts(self, parts: Sequence[extents.Part]) -> None:
+        """:meth:`give_back` of each part in ``parts`` (id arrays or extents), in order (e.g. the
+        tails of several evicted leaves). A run of ``_MIN_RUN_IDS`` ids or more is pushed as a
+        run without looking at its ids; an array that is one run (or a few long ones) too; the
+        other parts between two runs are joined and scattered once. O(parts + runs) Python,
+        O(ids of arrays and short runs) C plus a slice fill of the state bytes per run."""
         pending = []
         for blocks in parts:
-            n = len(blocks)
-            if n == 0:
-                continue
-            self._num_free += n
-            runs = self._runs(blocks) if n >= _MIN_RUN_IDS else None
+            if blocks.__class__ is tuple:
+                n = extents.part_size(blocks)
+                self._num_free += n
+                if n < _MIN_RUN_IDS:  # short: scattered with its neighbours, as an array would be
+                    pending.append(extents.run_ids(*blocks))
+                    continue
+                runs = [blocks]
+            else:
+                n = len(blocks)
+                if n == 0:
+                    continue
+                self._num_free += n
+                runs = self._runs(blocks) if n >= _MIN_RUN_IDS else None
             if runs is None:
                 pending.append(blocks)
                 continue

@@ -51,6 +51,7 @@ from _common import TRACES, MooncakeTrace  # noqa: E402
 
 import radixkv  # noqa: E402
 import radixkv.cache  # noqa: E402
+import radixkv.extents  # noqa: E402
 from radixkv import PrefixCache  # noqa: E402
 
 CAPACITY_TOKENS = 187488 * 16  # 3M tokens: bench/peers' default capacity
@@ -68,11 +69,20 @@ def old_pool(rev: str) -> type:
     sys.modules[name] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     pool = module.BlockPool
+    extra = {}
     if not hasattr(pool, "give_back_parts"):
         def give_back_parts(self, parts):
+            parts = [radixkv.extents.to_array((p,)) if p.__class__ is tuple else p for p in parts]
             if parts:
                 self.give_back(parts[0] if len(parts) == 1 else np.concatenate(parts))
-        pool = type("BlockPool", (pool,), {"__slots__": (), "give_back_parts": give_back_parts})
+        extra["give_back_parts"] = give_back_parts
+    if not hasattr(pool, "take_parts"):  # the engine keeps extents: an id array is one part
+        def take_parts(self, n, state=module.HELD):
+            blocks = self.take(n, state)
+            return (blocks,) if len(blocks) else ()
+        extra["take_parts"] = take_parts
+    if extra:
+        pool = type("BlockPool", (pool,), {"__slots__": (), **extra})
     return pool
 
 
