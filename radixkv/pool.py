@@ -15,10 +15,14 @@ Blocks move in runs. The free list is a stack of runs of consecutive ids
 sequential C work (a slice fill of the state array, an ``arange``), not a
 fancy-indexed scatter of ``n`` ids into the state array (~5-10 ns each, a
 cache miss apiece). At page size 1 a request moves ~10^4 ids in a handful of
-runs. Small moves (under ``_MIN_RUN_IDS`` ids, page size 16's usual) and ids
-that come back in many short runs are kept as one array segment and scattered
-once, as a plain free list would, so the Python cost of a call is bounded by
-its number of runs or one segment, whichever is cheaper.
+runs. The engine moves blocks as extents (:mod:`radixkv.extents`): runs
+come out of :meth:`BlockPool.take_parts` as ``(first, last)`` pairs and go
+back through :meth:`BlockPool.give_back_parts` as such, so no id array is made
+and no run is searched for. Id arrays (a caller's :meth:`give_back`, small
+moves under ``_MIN_RUN_IDS`` ids, ids that come back in many short runs) are
+kept as one array segment and scattered once, as a plain free list would, so
+the Python cost of a call is bounded by its number of runs or one segment,
+whichever is cheaper.
 
 The pool grows lazily: ids never handed out (``[_fresh, num_blocks)``, above
 the high-water mark) are one implicit run below the stack and cost no memory,
@@ -52,8 +56,7 @@ _MIN_RUN_IDS = 2048
 _SPLIT_MIN_IDS = 2048
 _IDS_PER_RUN = 128
 _FIRST_TABLE = 1024  # state bytes and id table a new pool starts with (at most num_blocks)
-_MAX_PARTS = 16  # a take spanning more stack entries than this comes back as one array
-
+_MAX_PARTS = 16  # a take spanning more stack entries than this, short ones, comes back as one array
 
 
 class BlockPool:
@@ -183,7 +186,7 @@ class BlockPool:
                     stack[-1] = entry[: size - k]
             left -= k
         self._num_free -= n
-        if len(parts) > _MAX_PARTS:
+        if len(parts) > _MAX_PARTS and len(parts) * _IDS_PER_RUN > n:  # short runs: one array is leaner
             return (extents.to_array(parts),)
         return tuple(parts)
 
@@ -205,18 +208,16 @@ class BlockPool:
 
     def give_back_parts(self, parts: Sequence[extents.Part]) -> None:
         """:meth:`give_back` of each part in ``parts`` (id arrays or extents), in order (e.g. the
-        tails of several evicted leaves). A run of ``_MIN_RUN_IDS`` ids or more is pushed as a
-        run without looking at its ids; an array that is one run (or a few long ones) too; the
-        other parts between two runs are joined and scattered once. O(parts + runs) Python,
-        O(ids of arrays and short runs) C plus a slice fill of the state bytes per run."""
+        tails of several evicted leaves). A run part is pushed as a run (joining the top run when
+        it continues it) without looking at its ids, however short: it came from one node, whose
+        eviction already cost more Python than a stack entry does. An array that is one run (or a
+        few long ones) is pushed as runs too; the other arrays between two runs are joined and
+        scattered once. O(parts + runs) Python, O(ids of arrays) C plus a slice fill of the state
+        bytes per run."""
         pending = []
         for blocks in parts:
             if blocks.__class__ is tuple:
-                n = extents.part_size(blocks)
-                self._num_free += n
-                if n < _MIN_RUN_IDS:  # short: scattered with its neighbours, as an array would be
-                    pending.append(extents.run_ids(*blocks))
-                    continue
+                self._num_free += extents.part_size(blocks)
                 runs = [blocks]
             else:
                 n = len(blocks)
