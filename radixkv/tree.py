@@ -255,6 +255,9 @@ class RadixTree:
         (the tree keeps it and marks it read-only) or a tuple of extents."""
         if blocks.__class__ is tuple:
             parts, n = blocks, extents.size(blocks)
+            for part in parts:  # id segments are the tree's from now on too
+                if part.__class__ is not tuple:
+                    part.flags.writeable = False
         else:
             blocks.flags.writeable = False  # the tree's from now on
             parts, n = ((blocks,) if len(blocks) else extents.NONE), len(blocks)
