@@ -1,8 +1,8 @@
 """The radix tree: page-aligned token prefixes mapped to opaque block ids.
 
 Edges are compressed: a node holds a run of whole pages (their tokens as raw
-bytes, and one block id per page, kept as extents: :mod:`radixkv.extents`); children are keyed by the bytes of their
-first page. The tree knows nothing of pools, devices, policies or locks'
+bytes, and one block id per page, kept as extents: :mod:`radixkv.extents`);
+children are keyed by the bytes of their first page. The tree knows nothing of pools, devices, policies or locks'
 meaning: it stores what it is given and keeps the shape valid. Counters and
 ownership live in the engine (:mod:`radixkv.cache`).
 """
