@@ -28,6 +28,8 @@ from .events.hashing import BlockHasher
 from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
 from .lower import LowerLayer
 from .events.page_hashes import PageHashIndex
+from . import extents
+from .extents import Parts
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
 from . import tenancy as _tenancy
@@ -121,17 +123,40 @@ class Admission:
         node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "blocks", "new_blocks", "node", "_finish", "_released", "_aborted")
+    __slots__ = ("hit_tokens", "node", "_path", "_new", "_blocks", "_new_blocks", "_finish", "_released",
+                 "_aborted")
 
-    def __init__(self, hit_tokens: int, blocks: np.ndarray, new_blocks: np.ndarray, node: NodeHandle,
-                 finish: Callable[[bool], None]) -> None:
+    def __init__(self, hit_tokens: int, path: List[Parts], new: Parts, node: NodeHandle,
+                 finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None) -> None:
         self.hit_tokens = hit_tokens
-        self.blocks = blocks
-        self.new_blocks = new_blocks
+        # The block ids as extents (the matched nodes' root first, then the new pages'): the
+        # arrays are made on first use, so a caller that reads neither pays no per-block work.
+        self._path = path
+        self._new = new
+        self._blocks: Optional[np.ndarray] = None
+        self._new_blocks = new_blocks
         self.node = node
         self._finish = finish  # the engine's end of this admission: finish(aborted)
         self._released = False
         self._aborted = False
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """Block ids of every page of the request now cached, matched ones first (``int32``; made on
+        first use, then the same array). O(pages) C once."""
+        if self._blocks is None:
+            self._blocks = extents.to_array(extents.join((*self._path, self._new)))
+        return self._blocks
+
+    @property
+    def new_blocks(self) -> np.ndarray:
+        """The blocks allocated for this request, the tail of :attr:`blocks` (read-only ``int32``;
+        made on first use, then the same array). O(new pages) C once."""
+        if self._new_blocks is None:
+            blocks = extents.to_array(self._new)
+            blocks.flags.writeable = False
+            self._new_blocks = blocks
+        return self._new_blocks
 
     @property
     def released(self) -> bool:
@@ -366,7 +391,7 @@ class PrefixCache:
             root = self._tree.empty_root(key)
             return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
         node, pos = self._descend(root, data, num_pages)
-        blocks = self._touch_path(node, self._clock)
+        blocks = extents.to_array(extents.join(self._touch_path(node, self._clock)))
         if self._tenancy is not None and pos:
             served, decision = self._tenancy.serve(tenant, blocks)
             self._tenancy.served(tenant, decision)
@@ -696,9 +721,10 @@ class PrefixCache:
         node, pos, child, common = (
             self._tree.walk(root, data, num_pages) if root is not None else (None, 0, None, 0))
         present = pos + common
-        cached = self._tree.path_blocks(node) if node is not None else _NO_BLOCKS
+        cached = self._tree.path_parts(node) if node is not None else extents.NONE
         if common:
-            cached = np.concatenate([cached, child.blocks[:common]])
+            cached += extents.cut(child.parts, common)[0]
+        cached = extents.to_array(cached)
         duplicate = arr[:present][arr[:present] != cached]
         self._require_state(duplicate, HELD, "insert")
         new = arr[present:]
@@ -744,13 +770,15 @@ class PrefixCache:
         node, pos = self._descend(root, data, num_pages)
         if node.parent is None:  # a root (a lower tier's lookup may have let it go): registered while locked
             node = self._tree.adopt(node)
-        hit_blocks = self._touch_path(node, now)
+        path = self._touch_path(node, now)
         self._lock_node(node)
         need = num_pages - pos
         holder = node
-        new = private = _NO_BLOCKS
+        new = extents.NONE
+        private = _NO_BLOCKS
         served = pos
         if self._tenancy is not None:
+            hit_blocks = extents.to_array(extents.join(path))
             served, decision = self._tenancy.serve(tenant, hit_blocks)
         if need or served < pos:
             # Ask the policy first, so pages it declines cost no eviction.
@@ -763,8 +791,9 @@ class PrefixCache:
                 except BaseException:  # a tier failed mid-eviction: the admission never happened
                     self._unlock_node(node)
                     raise
-            private = self._pool.take(min(fit, pos - served))
-            new = self._pool.take(fit - len(private), CACHED)
+            if served < pos:
+                private = self._pool.take(min(fit, pos - served))
+            new = self._pool.take_parts(fit - len(private), CACHED)
             leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             if leaf is not None:
                 # The admission's lock moves from node down to the new leaf: the
@@ -775,18 +804,21 @@ class PrefixCache:
             self._retain(holder, priority, expires_at)
         admitted = self._admitted
         admitted[holder] = admitted.get(holder, 0) + 1
-        record = None
-        if self._lower is not None and len(new):
-            record = self._lower.admitted(self._tree.find_root(key), data, pos, new)
+        record = new_blocks = None
+        if self._lower is not None and new:
+            new_blocks = extents.to_array(new)
+            new_blocks.flags.writeable = False
+            record = self._lower.admitted(self._tree.find_root(key), data, pos, new_blocks)
         finish = partial(self._finish_admission, holder, pos, record)
         if self._tenancy is not None:
             self._tenancy.served(tenant, decision)
-            finish = partial(self._finish_tenant, holder, tenant, decision, new, private, finish)
-            if served < pos:
-                hit_blocks = hit_blocks[:served]
-                new = np.concatenate([private, new])
-        blocks = np.concatenate([hit_blocks, new]) if len(new) else hit_blocks
-        return Admission(served * self.page_size, blocks, new, NodeHandle(holder, holder.gen), finish)
+            cached_new = new_blocks if new_blocks is not None else extents.to_array(new)
+            finish = partial(self._finish_tenant, holder, tenant, decision, cached_new, private, finish)
+            if served < pos:  # the pages served as a miss: their private blocks head the new ones
+                path = [(hit_blocks[:served],)] if served else []
+                new = (private, *new) if len(private) else new
+                new_blocks = None
+        return Admission(served * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks)
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1094,12 +1126,12 @@ class PrefixCache:
             node = self._split(node, pages - node.start)
         return node
 
-    def _touch_path(self, node: Node, now: int) -> np.ndarray:
-        """Record a use of every node from ``node`` up; return their blocks root-first (a new array).
+    def _touch_path(self, node: Node, now: int) -> List[Parts]:
+        """Record a use of every node from ``node`` up; return their extents, root first.
 
         Per node this is one timestamp (or the policy's ``on_access``) and one
-        list append: the blocks are joined once, as bytes, which costs about a
-        third of ``np.concatenate`` per part.
+        list append, and no per-block work: :func:`radixkv.extents.join` and
+        :func:`~radixkv.extents.to_array` make the ids when a caller wants them.
         """
         on_access = self._on_access
         parts = []
@@ -1108,25 +1140,23 @@ class PrefixCache:
         if on_access is None:  # the policy keeps the base hook: a use is a timestamp
             while n.parent is not None:
                 n.policy_state = now
-                append(n.blocks)
+                append(n.parts)
                 n = n.parent
         else:
             while n.parent is not None:
                 on_access(n, now)
-                append(n.blocks)
+                append(n.parts)
                 n = n.parent
         if node.heap_id:
             self._rank(node)
-        if not parts:
-            return _NO_BLOCKS
         parts.reverse()
-        return np.frombuffer(bytearray().join(parts), BLOCK_DTYPE)
+        return parts
 
-    def _add_pages(self, node: Node, data: bytes, start: int, blocks: np.ndarray, now: int,
+    def _add_pages(self, node: Node, data: bytes, start: int, blocks: Union[np.ndarray, Parts], now: int,
                    locked: bool = False, already_cached: bool = False) -> Optional[Node]:
-        """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (held by the caller, or
-        ``already_cached`` when taken from the pool straight into state cached)."""
-        n = len(blocks)
+        """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (an id array held by the
+        caller, or extents ``already_cached``: taken from the pool straight into state cached)."""
+        n = extents.size(blocks) if blocks.__class__ is tuple else len(blocks)
         if n == 0:
             return None
         pb = self._tree.page_bytes
@@ -1200,16 +1230,18 @@ class PrefixCache:
             self._expire()
         victims, tree = self._victims, self._tree
         on_evict, spill, rank = self._on_evict, self._spill, self._rank
-        dropped = []  # blocks go back to the pool in one batch at the end
+        dropped = []  # extents go back to the pool in one batch at the end
 
         def take(node: Node, k: int, priority: Any) -> None:
             if spill is not None:  # a tier layer demotes the pages instead of dropping them
                 spill(node, k)
             if on_evict is not None:
                 on_evict(node, k, priority)
-            for observer in self._observers:
-                observer.removed(node.blocks[node.num_pages - k :])
-            dropped.append(tree.truncate(node, k))
+            if self._observers:
+                removed = extents.to_array(extents.cut_tail(node.parts, k)[1])
+                for observer in self._observers:
+                    observer.removed(removed)
+            dropped.extend(tree.truncate(node, k))
             self._cached -= k
             self.evicted_blocks += k
             if node.gen >= 0:

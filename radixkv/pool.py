@@ -15,10 +15,14 @@ Blocks move in runs. The free list is a stack of runs of consecutive ids
 sequential C work (a slice fill of the state array, an ``arange``), not a
 fancy-indexed scatter of ``n`` ids into the state array (~5-10 ns each, a
 cache miss apiece). At page size 1 a request moves ~10^4 ids in a handful of
-runs. Small moves (under ``_MIN_RUN_IDS`` ids, page size 16's usual) and ids
-that come back in many short runs are kept as one array segment and scattered
-once, as a plain free list would, so the Python cost of a call is bounded by
-its number of runs or one segment, whichever is cheaper.
+runs. The engine moves blocks as extents (:mod:`radixkv.extents`): runs
+come out of :meth:`BlockPool.take_parts` as ``(first, last)`` pairs and go
+back through :meth:`BlockPool.give_back_parts` as such, so no id array is made
+and no run is searched for. Id arrays (a caller's :meth:`give_back`, small
+moves under ``_MIN_RUN_IDS`` ids, ids that come back in many short runs) are
+kept as one array segment and scattered once, as a plain free list would, so
+the Python cost of a call is bounded by its number of runs or one segment,
+whichever is cheaper.
 
 The pool grows lazily: ids never handed out (``[_fresh, num_blocks)``, above
 the high-water mark) are one implicit run below the stack and cost no memory,
@@ -33,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import extents
 from .errors import ArgumentValueError, InvalidBlocksError
 from .keys import uint32_array
 
@@ -51,8 +56,7 @@ _MIN_RUN_IDS = 2048
 _SPLIT_MIN_IDS = 2048
 _IDS_PER_RUN = 128
 _FIRST_TABLE = 1024  # state bytes and id table a new pool starts with (at most num_blocks)
-
-_EMPTY = np.empty(0, dtype=BLOCK_DTYPE)
+_MAX_PARTS = 16  # a take spanning more stack entries than this, short ones, comes back as one array
 
 
 class BlockPool:
@@ -118,10 +122,23 @@ class BlockPool:
         The caller checked ``n <= num_free``; more raises :class:`ValueError`.
         Cost: O(stack entries consumed) Python, O(n) C.
         """
+        parts = self.take_parts(n, state)
+        if len(parts) == 1 and parts[0].__class__ is not tuple:
+            return parts[0]  # a fresh array already
+        return extents.to_array(parts)
+
+    def take_parts(self, n: int, state: int = HELD) -> extents.Parts:
+        """:meth:`take` as extents (:mod:`radixkv.extents`): the same ids in the same order, runs
+        left as ``(first, last)`` pairs, so a run costs a slice fill of the state bytes and no id array.
+
+        Array parts are new arrays (never views of the free list). More than ``_MAX_PARTS``
+        parts come back as one array. Cost: O(stack entries consumed) Python; O(n) C for the
+        state bytes, plus O(ids) for ids that came back fragmented.
+        """
         if n > self._num_free:
             raise ArgumentValueError(f"take({n}) with only {self._num_free} blocks free")
         if n <= 0:
-            return _EMPTY.copy()
+            return extents.NONE
         stack, st = self._stack, self._state
         parts = []
         left = n
@@ -133,7 +150,7 @@ class BlockPool:
                     self._grow(hi)
                     st = self._state
                 st[lo:hi] = state
-                parts.append(np.arange(lo, hi, dtype=BLOCK_DTYPE))
+                parts.append((lo, hi - 1))
                 self._fresh = hi
                 break
             entry = stack[-1]
@@ -143,7 +160,7 @@ class BlockPool:
                     k = min(left, last - first + 1)
                     lo = last - k + 1
                     st[lo : last + 1] = state
-                    parts.append(np.arange(last, lo - 1, -1, dtype=BLOCK_DTYPE))
+                    parts.append((last, lo))
                     if lo == first:
                         stack.pop()
                     else:
@@ -152,7 +169,7 @@ class BlockPool:
                     k = min(left, first - last + 1)
                     hi = last + k
                     st[last:hi] = state
-                    parts.append(np.arange(last, hi, dtype=BLOCK_DTYPE))
+                    parts.append((last, hi - 1))
                     if hi > first:
                         stack.pop()
                     else:
@@ -160,7 +177,7 @@ class BlockPool:
             else:
                 size = len(entry)
                 k = min(left, size)
-                part = entry[size - k :][::-1]
+                part = entry[size - k :][::-1].copy()  # not a view: it would keep the whole entry alive
                 st[part] = state
                 parts.append(part)
                 if k == size:
@@ -169,10 +186,9 @@ class BlockPool:
                     stack[-1] = entry[: size - k]
             left -= k
         self._num_free -= n
-        if len(parts) == 1:
-            part = parts[0]
-            return part if part.base is None else part.copy()
-        return np.concatenate(parts)
+        if len(parts) > _MAX_PARTS and len(parts) * _IDS_PER_RUN > n:  # short runs: one array is leaner
+            return (extents.to_array(parts),)
+        return tuple(parts)
 
     def give_back(self, blocks: np.ndarray) -> None:
         """Return ``HELD`` or ``CACHED`` blocks (distinct, handed out) to the free list.
@@ -190,17 +206,25 @@ class BlockPool:
                 self._push_runs(runs)
             self._num_free += len(blocks)
 
-    def give_back_parts(self, parts: Sequence[np.ndarray]) -> None:
-        """:meth:`give_back` of each array in ``parts``, in order (e.g. the tails of several evicted
-        leaves). A part that is one run (or a few long ones) is pushed as runs; the other parts
-        between two runs are joined and scattered once. O(parts + runs) Python, O(total ids) C."""
+    def give_back_parts(self, parts: Sequence[extents.Part]) -> None:
+        """:meth:`give_back` of each part in ``parts`` (id arrays or extents), in order (e.g. the
+        tails of several evicted leaves). A run part is pushed as a run (joining the top run when
+        it continues it) without looking at its ids, however short: it came from one node, whose
+        eviction already cost more Python than a stack entry does. An array that is one run (or a
+        few long ones) is pushed as runs too; the other arrays between two runs are joined and
+        scattered once. O(parts + runs) Python, O(ids of arrays) C plus a slice fill of the state
+        bytes per run."""
         pending = []
         for blocks in parts:
-            n = len(blocks)
-            if n == 0:
-                continue
-            self._num_free += n
-            runs = self._runs(blocks) if n >= _MIN_RUN_IDS else None
+            if blocks.__class__ is tuple:
+                self._num_free += extents.part_size(blocks)
+                runs = [blocks]
+            else:
+                n = len(blocks)
+                if n == 0:
+                    continue
+                self._num_free += n
+                runs = self._runs(blocks) if n >= _MIN_RUN_IDS else None
             if runs is None:
                 pending.append(blocks)
                 continue

@@ -1,21 +1,21 @@
 """The radix tree: page-aligned token prefixes mapped to opaque block ids.
 
 Edges are compressed: a node holds a run of whole pages (their tokens as raw
-bytes, and one block id per page); children are keyed by the bytes of their
-first page. The tree knows nothing of pools, devices, policies or locks'
+bytes, and one block id per page, kept as extents: :mod:`radixkv.extents`);
+children are keyed by the bytes of their first page. The tree knows nothing of pools, devices, policies or locks'
 meaning: it stores what it is given and keeps the shape valid. Counters and
 ownership live in the engine (:mod:`radixkv.cache`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Iterator, KeysView, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Iterator, KeysView, Optional, Tuple, Union
 
 import numpy as np
 
+from . import extents
+from .extents import Parts
 from .keys import TOKEN_BYTES, TOKEN_DTYPE
-
-_EMPTY_BLOCKS = np.empty(0, dtype=np.int32)
 
 
 class Node:
@@ -29,28 +29,40 @@ class Node:
     a walk stops inside the node or when the node gets a child).
     ``gen`` changes whenever the node's extent changes, and is ``-1`` once the
     node left the tree. ``policy_state`` is the one slot an eviction policy may use.
+    ``parts`` holds the pages' block ids as extents (runs and ``int32`` segments,
+    :mod:`radixkv.extents`); :attr:`blocks` expands them into an array on demand.
     """
 
     __slots__ = (
-        "parent", "children", "first", "rest", "blocks", "start", "num_pages",
+        "parent", "children", "first", "rest", "parts", "start", "num_pages",
         "lock_ref", "gen", "policy_state", "retention", "heap_id", "ext",
     )
 
-    def __init__(self, parent: Optional["Node"], first: bytes, rest: bytes, blocks: np.ndarray,
-                 start: int) -> None:
+    def __init__(self, parent: Optional["Node"], first: bytes, rest: bytes, parts: Parts,
+                 start: int, num_pages: int) -> None:
         self.parent = parent
         self.children: Optional[Dict[bytes, Node]] = None
         self.first = first
         self.rest = rest
-        self.blocks = blocks
+        self.parts = parts
         self.start = start
-        self.num_pages = len(blocks)
+        self.num_pages = num_pages
         self.lock_ref = 0
         self.gen = 0
         self.policy_state: Any = None
         self.retention = 0
         self.heap_id = 0
         self.ext: Any = None  # slot for layers above the tree (tier residency)
+
+    @property
+    def blocks(self) -> np.ndarray:
+        """The block id of each page, in order (a new ``int32`` array). O(pages) C, O(parts) Python."""
+        return extents.to_array(self.parts)
+
+    @property
+    def last_block(self) -> int:
+        """The block id of the node's last page (it has one). O(1)."""
+        return extents.last_id(self.parts)
 
     @property
     def key(self) -> bytes:
@@ -86,7 +98,7 @@ class Root(Node):
     __slots__ = ("namespace",)
 
     def __init__(self, namespace: Hashable) -> None:
-        super().__init__(None, b"", b"", _EMPTY_BLOCKS, 0)
+        super().__init__(None, b"", b"", extents.NONE, 0, 0)
         self.namespace = namespace
 
     def __repr__(self) -> str:
@@ -223,7 +235,8 @@ class RadixTree:
         parent = child.parent
         rest = child.rest
         cut = (pages - 1) * pb  # the upper node's share of ``rest``
-        upper = Node(parent, child.first, rest[:cut], child.blocks[:pages].copy(), child.start)
+        upper_parts, child.parts = extents.cut(child.parts, pages)
+        upper = Node(parent, child.first, rest[:cut], upper_parts, child.start, pages)
         upper.lock_ref = child.lock_ref
         upper.retention = child.retention
         upper.policy_state = child.policy_state
@@ -233,17 +246,24 @@ class RadixTree:
         child.parent = upper
         child.first = first
         child.rest = rest[cut + pb : (child.num_pages - 1) * pb]
-        child.blocks = child.blocks[pages:].copy()
         child.start += pages
         child.num_pages -= pages
         return upper
 
-    def add_leaf(self, parent: Node, key: bytes, blocks: np.ndarray) -> Node:
-        """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``."""
-        blocks.flags.writeable = False  # callers see this array (Admission.new_blocks): it is the tree's
+    def add_leaf(self, parent: Node, key: bytes, blocks: Union[np.ndarray, Parts]) -> Node:
+        """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``: an id array
+        (the tree keeps it and marks it read-only) or a tuple of extents."""
+        if blocks.__class__ is tuple:
+            parts, n = blocks, extents.size(blocks)
+            for part in parts:  # id segments are the tree's from now on too
+                if part.__class__ is not tuple:
+                    part.flags.writeable = False
+        else:
+            blocks.flags.writeable = False  # the tree's from now on
+            parts, n = ((blocks,) if len(blocks) else extents.NONE), len(blocks)
         pb = self.page_bytes
         first = key[:pb]
-        leaf = Node(parent, first, key[pb:], blocks, parent.end)
+        leaf = Node(parent, first, key[pb:], parts, parent.end, n)
         if parent.children is None:
             parent.children = {}
             rlen = (parent.num_pages - 1) * pb
@@ -252,13 +272,13 @@ class RadixTree:
         parent.children[first] = leaf
         return leaf
 
-    def truncate(self, node: Node, pages: int) -> np.ndarray:
-        """Drop the last ``pages`` pages of leaf ``node``; return their blocks.
+    def truncate(self, node: Node, pages: int) -> Parts:
+        """Drop the last ``pages`` pages of leaf ``node``; return their blocks as extents.
 
-        The node leaves the tree when it has no page left. O(1) Python work.
+        The node leaves the tree when it has no page left. O(parts) Python work, none per page.
         """
         keep = node.num_pages - pages
-        removed = node.blocks[keep:]
+        node.parts, removed = extents.cut_tail(node.parts, pages)
         node.gen += 1
         if keep == 0:
             parent = node.parent
@@ -269,25 +289,24 @@ class RadixTree:
                     self.on_root_emptied(parent)
             node.gen = -1
             node.num_pages = 0
-            node.blocks = _EMPTY_BLOCKS
         else:
-            node.blocks = node.blocks[:keep]
             node.num_pages = keep
         return removed
 
     def path_blocks(self, node: Node) -> np.ndarray:
-        """Block ids of every page from the root through ``node``, in order (a new array). O(depth).
+        """Block ids of every page from the root through ``node``, in order (a new array).
+        O(depth + parts) Python, O(pages) C."""
+        return extents.to_array(self.path_parts(node))
 
-        The parts are joined as bytes: per part that costs about a third of ``np.concatenate``.
-        """
-        parts = []
+    @staticmethod
+    def path_parts(node: Node) -> Parts:
+        """The extents of every page from the root through ``node``, in order. O(depth + parts), no per-page work."""
+        groups = []
         while node.parent is not None:
-            parts.append(node.blocks)
+            groups.append(node.parts)
             node = node.parent
-        if not parts:
-            return _EMPTY_BLOCKS
-        parts.reverse()
-        return np.frombuffer(bytearray().join(parts), dtype=_EMPTY_BLOCKS.dtype)
+        groups.reverse()
+        return extents.join(groups)
 
     def nodes(self) -> Iterator[Node]:
         """Every non-root node, parents before children."""
@@ -316,7 +335,9 @@ class RadixTree:
                     assert child.parent is node, f"{child} does not point back to its parent {node}"
                     assert child.alive, f"dead {child} still linked under {node}"
                     assert child.num_pages >= 1, f"{child} has no pages"
-                    assert len(child.blocks) == child.num_pages, f"{child} has {len(child.blocks)} blocks"
+                    extents.check(child.parts)
+                    blocks = extents.size(child.parts)
+                    assert blocks == child.num_pages, f"{child} has {blocks} blocks"
                     assert len(child.first) == pb, f"{child} first page is {len(child.first)} bytes"
                     assert len(child.rest) >= (child.num_pages - 1) * pb, f"{child} key shorter than its pages"
                     assert child.first == first, f"{child} is filed under the wrong first page"

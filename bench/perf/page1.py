@@ -1,4 +1,4 @@
-"""Page size 1 against page size 16, and one block pool against another, alternating in one process.
+"""Page size 1 against page size 16, and one radixkv revision against another, alternating in one process.
 
     .venv/bin/python bench/perf/page1.py [--old-rev REV] [--repeat 3] [--limit 2000] [--out bench/results/page1.jsonl]
     valgrind --tool=cachegrind --cache-sim=yes .venv/bin/python bench/perf/page1.py --pools new --pages 1 --repeat 1
@@ -8,18 +8,18 @@ The first ``--limit`` requests of the Mooncake conversation trace (the prompts
 of bench/peers: block ``h`` expands to tokens ``h*512 .. h*512+511``), as
 uint32 arrays, through ``PrefixCache(3M tokens / page, page)`` with LRU, one
 ``admit`` + ``release`` per request: the loop of bench/peers' radixkv driver.
-Each repetition replays every (pool, page) pair in turn, rotating who goes
+Each repetition replays every (version, page) pair in turn, rotating who goes
 first, so machine load hits them alike; the CPU time (``process_time``) of
 the loop is recorded per run, and the minimum is reported.
 
-``new`` is the block pool of this checkout; ``old`` is ``radixkv/pool.py`` as
-of ``--old-rev`` (read with ``git show``), put in place of it in
-``radixkv.cache`` for its runs (a pool without ``give_back_parts`` gets it as
-one ``give_back`` of the concatenated parts, what the cache did before).
-``--skip-replay`` loads everything and replays nothing; ``--cachegrind`` runs
-this script under ``valgrind --tool=cachegrind`` once per (pool, page) pair and
-once with ``--skip-replay``, and records each pair's instructions and
-estimated cycles (Ir + 10 x L1 misses + 100 x last-level misses) with the
+``new`` is radixkv of this checkout; ``old`` is the whole package (with its
+policies) as of ``--old-rev`` (``git archive``), imported under another name
+(the rows keep the keys ``pool`` / ``pool_rev`` of the first version of this
+script, which swapped the pool module alone). ``--skip-replay`` loads
+everything and replays nothing; ``--cachegrind`` runs this script under
+``valgrind --tool=cachegrind`` once per (version, page) pair and once per
+version with ``--skip-replay``, and records each pair's instructions and
+estimated cycles (Ir + 10 x L1 misses + 100 x last-level misses) with that
 skip-replay run subtracted: deterministic, unlike the CPU times of a shared
 machine. ``--profile N`` prints the N costliest functions of one replay
 (cProfile, own time). ``--table FILE...`` prints bench/results/page1.md from
@@ -29,15 +29,19 @@ the JSON lines of this script and of bench/peers/compare.py.
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import gc
+import glob
+import importlib
 import os
 import pstats
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-import types
 
 import numpy as np
 
@@ -49,40 +53,35 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "peers"))
 import machine_facts  # noqa: E402
 from _common import TRACES, MooncakeTrace  # noqa: E402
 
-import radixkv  # noqa: E402
-import radixkv.cache  # noqa: E402
 from radixkv import PrefixCache  # noqa: E402
 
 CAPACITY_TOKENS = 187488 * 16  # 3M tokens: bench/peers' default capacity
-NEW_POOL = radixkv.cache.BlockPool
+OLD_REV = "4f3b99b"  # the run-based pool, nodes holding one id array each (before extents)
 
 
-def old_pool(rev: str) -> type:
-    """``BlockPool`` from ``radixkv/pool.py`` at git revision ``rev``, importable as ``radixkv._pool_<rev>``."""
-    source = subprocess.run(["git", "-C", REPO, "show", f"{rev}:radixkv/pool.py"], check=True,
-                            capture_output=True, text=True).stdout
-    name = f"radixkv._pool_{rev.replace('/', '_').replace('~', '_').replace('^', '_')}"
-    module = types.ModuleType(name)
-    module.__package__ = "radixkv"
-    module.__file__ = f"{rev}:radixkv/pool.py"
-    sys.modules[name] = module
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    pool = module.BlockPool
-    if not hasattr(pool, "give_back_parts"):
-        def give_back_parts(self, parts):
-            if parts:
-                self.give_back(parts[0] if len(parts) == 1 else np.concatenate(parts))
-        pool = type("BlockPool", (pool,), {"__slots__": (), "give_back_parts": give_back_parts})
-    return pool
+def old_package(rev: str) -> type:
+    """``PrefixCache`` of radixkv as of git revision ``rev`` (its ``policies/`` inside it), imported
+    as the package ``radixkv_<rev>`` from a temporary directory, so both versions run in one process."""
+    name = "radixkv_" + re.sub(r"\W", "_", rev)
+    dest = tempfile.mkdtemp(prefix="page1-old-")
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev, "radixkv", "policies"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    os.rename(os.path.join(dest, "radixkv"), os.path.join(dest, name))
+    os.rename(os.path.join(dest, "policies"), os.path.join(dest, name, "policies"))
+    for path in glob.glob(os.path.join(dest, name, "**", "*.py"), recursive=True):
+        with open(path) as fh:
+            text = fh.read()
+        with open(path, "w") as fh:  # absolute imports of radixkv (the policies') name the old package
+            fh.write(re.sub(r"^(\s*(?:from|import)\s+)radixkv\b", r"\g<1>" + name, text, flags=re.M))
+    atexit.register(shutil.rmtree, dest, True)
+    sys.path.insert(0, dest)
+    return importlib.import_module(name).PrefixCache
 
 
-def replay(prompts, page: int, pool: type, check: bool = True) -> dict:
-    """One admit + release per prompt through a fresh cache built on ``pool``; CPU and wall time of the loop."""
-    radixkv.cache.BlockPool = pool
-    try:
-        cache = PrefixCache(num_blocks=CAPACITY_TOKENS // page, page_size=page)
-    finally:
-        radixkv.cache.BlockPool = NEW_POOL
+def replay(prompts, page: int, cache_class: type, check: bool = True) -> dict:
+    """One admit + release per prompt through a fresh ``cache_class``; CPU and wall time of the loop."""
+    cache = cache_class(num_blocks=CAPACITY_TOKENS // page, page_size=page)
     hit = 0
     gc.collect()
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -124,9 +123,10 @@ def cachegrind(args) -> None:
         return {"Ir": c["Ir"], "est_cycles": c["Ir"] + 10 * (c["I1mr"] + c["D1mr"] + c["D1mw"])
                 + 100 * (c["ILmr"] + c["DLmr"] + c["DLmw"]), "functions": functions}
 
-    skip = counts(["--skip-replay", "--pools", *args.pools])
+    skips = {name: counts(["--skip-replay", "--pools", name]) for name in args.pools}
     for page in args.pages:
         for name in args.pools:
+            skip = skips[name]
             c = counts(["--pools", name, "--pages", str(page)])
             row = {"bench": "page1-cachegrind", "pool": name, "pool_rev": "worktree" if name == "new" else args.old_rev,
                    "page_size": page, "requests": args.limit, "capacity_tokens": CAPACITY_TOKENS,
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=2000)
     parser.add_argument("--pages", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--pools", nargs="+", choices=["old", "new"], default=["old", "new"])
-    parser.add_argument("--old-rev", default="9ff1979", help="git revision of the old pool (default: before runs)")
+    parser.add_argument("--old-rev", default=OLD_REV, help="git revision of the old radixkv (default: before extents)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-replay", action="store_true")
     parser.add_argument("--no-check", action="store_true", help="skip cache.check() after each replay (for cachegrind)")
@@ -162,9 +162,9 @@ def main() -> None:
         return
     trace = MooncakeTrace(args.trace, args.limit)
     prompts = [p.astype(np.uint32) for p in trace]
-    pools = {"new": NEW_POOL}
+    pools = {"new": PrefixCache}
     if "old" in args.pools:
-        pools["old"] = old_pool(args.old_rev)
+        pools["old"] = old_package(args.old_rev)
     if args.skip_replay:
         return
     pairs = [(name, page) for page in args.pages for name in args.pools]

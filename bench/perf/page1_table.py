@@ -43,7 +43,7 @@ def _m(value: float) -> str:
 
 def _cachegrind(rows: list) -> List[str]:
     by = {(r["pool"], r["page_size"]): r for r in rows}
-    out = ["## Replay cost, old vs new pool (valgrind cachegrind, deterministic)", "",
+    out = ["## Replay cost, old vs new (valgrind cachegrind, deterministic)", "",
            "Instructions (Ir) and estimated cycles (Ir + 10 x L1 misses + 100 x last-level misses) of the",
            "replay loop alone: the same script with the replay skipped is subtracted.", "",
            "| page | old Ir | new Ir | old est. cycles | new est. cycles | new / old (est. cycles) |",
@@ -57,7 +57,7 @@ def _cachegrind(rows: list) -> List[str]:
         one, sixteen = by.get((pool, 1)), by.get((pool, 16))
         if one and sixteen:
             out.append("")
-            out.append(f"Page 1 / page 16, {pool} pool: {one['Ir'] / sixteen['Ir']:.2f}x in instructions, "
+            out.append(f"Page 1 / page 16, {pool}: {one['Ir'] / sixteen['Ir']:.2f}x in instructions, "
                        f"{one['est_cycles'] / sixteen['est_cycles']:.2f}x in estimated cycles "
                        f"(target <= {TARGET_PAGE_RATIO}x).")
     one, sixteen = by.get(("new", 1)), by.get(("new", 16))
@@ -65,10 +65,10 @@ def _cachegrind(rows: list) -> List[str]:
         f1, f16 = one["functions_Ir"], sixteen["functions_Ir"]
         delta = {f: f1.get(f, 0) - f16.get(f, 0) for f in set(f1) | set(f16)}
         extra = one["Ir"] - sixteen["Ir"]
-        out += ["", "### Where page 1's extra instructions go (new pool, page 1 minus page 16, by C function)", "",
+        out += ["", "### Where page 1's extra instructions go (new, page 1 minus page 16, by C function)", "",
                 f"Page 1 executes {_m(extra)} more instructions than page 16. Under valgrind a large memcpy",
-                "(`rep movsb`) counts about one instruction per byte, so copies of block-id arrays weigh more",
-                "here than in CPU time.", "",
+                "(`rep movsb`) counts about one instruction per byte, so copies weigh more here than in CPU time.",
+                "",
                 "| C function | page 1 | page 16 | difference | share of the difference |", "|---|---:|---:|---:|---:|"]
         for f, d in sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:14]:
             out.append(f"| `{f}` | {_m(f1.get(f, 0))} | {_m(f16.get(f, 0))} | {_m(d)} | {d / extra:.0%} |")
@@ -76,20 +76,20 @@ def _cachegrind(rows: list) -> List[str]:
 
 
 def _cpu(rows: list) -> List[str]:
-    out = ["## Replay CPU time, old vs new pool (process_time of the loop, alternating in one process)", "",
-           "| run | pool | page | min (s) | every run (s) | 1-min load |", "|---|---|---:|---:|---|---:|"]
+    out = ["## Replay CPU time, old vs new (process_time of the loop, alternating in one process)", "",
+           "| run | version | page | min (s) | every run (s) | 1-min load |", "|---|---|---:|---:|---|---:|"]
     for r in sorted(rows, key=lambda r: (r.get("tag") or "", r["page_size"], r["pool"] != "old")):
         out.append(f"| {r.get('tag') or ''} | {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
                    f"{', '.join(f'{x:.3f}' for x in r['cpu_s'])} | {r['load_avg_1m']:.1f} |")
     for tag in sorted({r.get("tag") or "" for r in rows}):
         by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows if (r.get("tag") or "") == tag}
-        ratios = [f"page 1 / page 16, {pool} pool: {by[(pool, 1)] / by[(pool, 16)]:.2f}x"
+        ratios = [f"page 1 / page 16, {pool}: {by[(pool, 1)] / by[(pool, 16)]:.2f}x"
                   for pool in ("old", "new") if (pool, 1) in by and (pool, 16) in by]
         if ("old", 16) in by and ("new", 16) in by:
             ratios.append(f"page 16, new / old: {by[('new', 16)] / by[('old', 16)]:.2f}x")
         out += ["", f"Min CPU time{f' ({tag})' if tag else ''}: " + "; ".join(ratios) + "."]
     hits = sorted({(r["page_size"], r["hit_tokens"], r["evicted_blocks"]) for r in rows})
-    out += ["", "Hit tokens and evicted blocks, equal for both pools: "
+    out += ["", "Hit tokens and evicted blocks, equal for both versions: "
             + "; ".join(f"page {p}: {h:,} hit tokens, {e:,} evicted blocks" for p, h, e in hits) + "."]
     return out + [""]
 
@@ -113,7 +113,7 @@ def _peers(rows: list) -> List[str]:
 
 
 def _micro(summaries: list) -> List[str]:
-    out = ["## Micro-benchmarks at page 1 (bench/perf/test_micro.py, new pool, microseconds)", "",
+    out = ["## Micro-benchmarks at page 1 (bench/perf/test_micro.py, new, microseconds)", "",
            "Prompts are at most 128 pages (128 tokens at page 1) and evict moves 32 blocks: these measure the",
            "per-call overhead at each cache size, not the 10^4-id moves of the trace.", "",
            "| operation | cached blocks | min | median | rounds |", "|---|---:|---:|---:|---:|"]
@@ -131,11 +131,13 @@ def render(paths: List[str]) -> str:
     """The markdown page for the rows in ``paths``."""
     rows = _read(paths)
     machine = next((r["machine"] for kind in ("cpu", "cachegrind", "peers") for r in rows[kind]), {})
-    lines = ["# Page size 1: a run-based, lazily grown block pool (issue 17)", "",
+    lines = ["# Page size 1: block ids as extents in the tree, on a run-based, lazily grown pool (issue 17)", "",
              "Mooncake conversation trace, first 2000 requests, 3M tokens of HBM (2,999,808 blocks at page 1,",
-             "187,488 at page 16), LRU, one admit + release per request. \"old\" is the pool before runs",
-             "(`radixkv/pool.py` at the revision in each row's `pool_rev`), \"new\" the run-based lazy pool; both",
-             "run from one checkout in one process (bench/perf/page1.py puts the old module in place for its runs).",
+             "187,488 at page 16), LRU, one admit + release per request. \"old\" is radixkv at the revision in",
+             "each row's `pool_rev` (4f3b99b: the run-based pool, each tree node holding one block-id array),",
+             "\"new\" this revision, whose nodes hold their block ids as extents (runs and id segments, moved",
+             "without expanding them); bench/perf/page1.py imports the old package under another name, so both",
+             "run in one process. The previous page (old = the pool before runs, 9ff1979) is in git history.",
              f"Machine: {machine.get('cpu', '?')}, {machine.get('nproc', '?')} CPUs shared with other jobs, "
              f"Python {machine.get('python', '?')}, numpy {machine.get('numpy', '?')}.", "",
              "Regenerate:", "",

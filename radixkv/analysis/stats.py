@@ -236,7 +236,7 @@ class PageIndex:
             keys = expected[leaf.start : end]
         else:
             parent = leaf.parent
-            prev = self._block_key[int(parent.blocks[-1])] if parent.parent is not None else 0
+            prev = self._block_key[parent.last_block] if parent.parent is not None else 0
             tokens = np.frombuffer(leaf.key, dtype=TOKEN_DTYPE, count=leaf.num_pages * self._page_size)
             keys = self._keys.extend(tokens, leaf.start, leaf.num_pages, _U64(prev)).tolist()
         block_key, count = self._block_key, self._count

@@ -131,7 +131,7 @@ class PageHashIndex:
         parent = node.parent
         if parent.parent is None:
             return None, True
-        h = self._by_block[parent.blocks[-1]] if parent.num_pages else None
+        h = self._by_block[parent.last_block] if parent.num_pages else None
         if h is None:
             h = self.page_hashes(parent)[-1]
         return h, False
@@ -193,7 +193,7 @@ class PageHashIndex:
         for node in nodes:
             parent = node.parent
             first = parent.parent is None
-            parent_hash = None if first else expected.get(int(parent.blocks[-1]))
+            parent_hash = None if first else expected.get(parent.last_block)
             if not first and parent_hash is None:
                 parent_hash = self.page_hashes(parent)[-1]
             hashes = self.hasher.chain(node_tokens(node, self.page_size), parent_hash, node.start,

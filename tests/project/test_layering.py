@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first: a module may import from its own layer and the ones above it in this list.
 LAYERS = [
-    {"errors", "keys"},
+    {"errors", "keys", "extents"},
     {"tree", "page_keys", "token_buffer", "costs"},
     {"pool", "victims", "capacity", "tenancy"},
     {"policies"},
