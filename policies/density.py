@@ -26,9 +26,11 @@ worth: a page likely reused but only after a long time holds space it could
 earn more hits with.
 
 **Defaults** (``length_edges`` 4K/16K/64K tokens, ``refit_every`` 200,
-``min_pages`` 200, a ghost of 4x the capacity) were chosen on generated
-workloads (:mod:`radixkv.workload.generators`), not on the Mooncake traces
-the policy table scores.
+``min_pages`` 200, a ghost of 4x the capacity) were set a priori (powers of
+4; the refit interval of the study this policy follows), not tuned on the
+Mooncake traces the policy table scores; checked on the generated ``mix``
+workload (:mod:`radixkv.workload.generators`, seed 1, 3,000 requests, 4,000
+pages of 16 tokens: 62.3% token hit rate against LRU's 56.6%).
 
 Sources: Beckmann, Chen & Cidon, "LHD: Improving cache hit rate by
 maximizing hit density" (NSDI'18): hit density and per-class age

@@ -24,8 +24,8 @@ chat sessions, multimodal) and an exponential per workload fits its reuse
 times well enough to rank them (the paper's finding on Bailian traces).
 
 **Defaults** (``length_edges`` 4K/16K/64K tokens, ``refit_every`` 200,
-``min_pages`` 200) as :class:`~.density.HitDensity`'s, chosen on generated
-workloads, not on the scored traces.
+``min_pages`` 200) as :class:`~.density.HitDensity`'s, set a priori, not
+tuned on the scored traces.
 
 Source: Wang et al., "KVCache Cache in the Wild: Characterizing and
 Optimizing KVCache Cache at a Large Cloud Provider" (USENIX ATC'25).
