@@ -27,13 +27,17 @@ page (earliest evicted first). That is "evict the lowest score" made static:
 a page's deadline is the time its score drops below the cache's marginal
 score, so deadlines come in score order whenever ``theta`` is that margin.
 ``theta`` is solved for at each refit so that the windows just fill the
-cache: a class-``c`` use holds its page for the integral of ``S_c`` up to
+room: a class-``c`` use holds its page for the integral of ``S_c`` up to
 ``W_c`` ticks on average, at the class's observed uses per tick (bisection,
-as :func:`~.adaptive.solve_windows` does for its windows). The horizon ``H``
-of the scores follows the age of the victims (a moving average, step
-``0.02`` per victim run: the cache's eviction age). Deadlines are computed at
-a page's hooks with the tables of that moment (a refit re-ranks nothing, as
-in ``2q`` and ``adaptive``).
+as :func:`~.adaptive.solve_windows` does for its windows); the room is the
+capacity, or with ``protect_reused`` (``density``) the room first uses hold
+now (their rates times the integral of ``S`` up to the eviction age), and
+the pages used again share one window (:data:`PROTECT_QUANTILE` of their
+reuse gaps, at least any first use's). The horizon ``H`` of the scores
+follows the age of the victims (a moving average, step ``0.02`` per victim
+run: the cache's eviction age). Deadlines are computed at a page's hooks
+with the tables of that moment (a refit re-ranks nothing, as in ``2q`` and
+``adaptive``).
 
 **Per page.** A leaf's pages differ in segment (the head the ghost
 recognized, the fresh tail) and quarter; ``policy_state`` keeps one
@@ -69,6 +73,8 @@ USES = 4
 QUARTERS = 4
 MAX_PERIODS = 64
 """Periods of open counts kept (:meth:`ReuseStats.prune`): the statistics stay O(classes x (bins + 64))."""
+PROTECT_QUANTILE = 0.99
+"""With ``protect_reused``: the share of the reuse gaps of pages used twice or more that their window covers."""
 _STEP = 0.02  # moving-average step of the horizon, per victim run
 
 
@@ -168,6 +174,10 @@ class ClassDeadline(GhostPolicy):
         history_size: pages of evicted runs the ghost remembers; default 4x the capacity.
     """
 
+    #: Pages used twice or more share one window (:data:`PROTECT_QUANTILE` of their reuse gaps, at
+    #: least any first use's: LRU among them); only first uses are ranked by their scores.
+    #: ``False``: every class by its score.
+    protect_reused = False
 
     def __init__(self, refit_every: int = 200, min_pages: int = 200, history_size: Optional[int] = None) -> None:
         for arg, value in (("refit_every", refit_every), ("min_pages", min_pages)):
@@ -257,26 +267,42 @@ class ClassDeadline(GhostPolicy):
         self._best = np.maximum.accumulate(table[:, ::-1], axis=1)[:, ::-1]
         area = np.concatenate([np.zeros((len(survival), 1)),
                                np.cumsum((survival[:, 1:] + survival[:, :-1]) / 2 * np.diff(EDGES), axis=1)], axis=1)
-        self.theta = self._solve(area, stats.rates(now), float(self._capacity))
+        rates = stats.rates(now)
+        if not self.protect_reused:
+            self.theta = self._solve(area, rates, float(self._capacity))
+            return
+        # first uses share the room they hold now (their rate times the integral of S up to the
+        # eviction age H) by their scores
+        first = per_level  # classes from here on have two uses or more
+        room = float((rates[:first] * area[:first, gap_bin(int(self.horizon), BINS)]).sum())
+        self.theta = self._solve(area[:first], rates[:first], room, self._best[:first])
+        # pages used again: one window, PROTECT_QUANTILE of their observed reuse gaps and at least
+        # the longest first use's, so they are LRU among themselves and outrank first uses
+        gaps = events[first:].sum(axis=0)
+        j = int(np.searchsorted(np.cumsum(gaps), PROTECT_QUANTILE * gaps.sum()))
+        protect = max(float(EDGES[min(j + 1, BINS)]), max(self._window_list[:first]))
+        self._window_list[first:] = [protect] * (self.num_classes - first)
 
-    def _first_below(self, theta: float) -> np.ndarray:
-        below = self._best < theta
+    @staticmethod
+    def _first_below(best: np.ndarray, theta: float) -> np.ndarray:
+        below = best < theta
         return np.where(below.any(axis=1), below.argmax(axis=1), BINS)
 
-    def _solve(self, area: np.ndarray, rates: np.ndarray, capacity: float) -> float:
+    def _solve(self, area: np.ndarray, rates: np.ndarray, capacity: float, best: Optional[np.ndarray] = None) -> float:
         """The threshold whose windows just fill ``capacity`` pages: a class-``c`` use holds its page
         ``area[c, W_c]`` ticks on average (the integral of ``S`` up to the window), at ``rates[c]``
         uses per tick. Bisection in log space over the scores; sets :attr:`windows`. O(classes x bins x 60)."""
+        best = self._best if best is None else best
         rows = np.arange(len(rates))
-        positive = self._best[self._best > 0]
+        positive = best[best > 0]
         lo, hi = (float(positive.min()) / 2, float(positive.max()) * 2) if len(positive) else (1.0, 2.0)
         for _ in range(60):  # lo: windows too long for the capacity; hi: they fit
             mid = math.sqrt(lo * hi)
-            if float((rates * area[rows, self._first_below(mid)]).sum()) > capacity:
+            if float((rates * area[rows, self._first_below(best, mid)]).sum()) > capacity:
                 lo = mid
             else:
                 hi = mid
-        self._window_list = EDGES[self._first_below(hi)].tolist()
+        self._window_list = EDGES[self._first_below(best, hi)].tolist()
         return hi
 
     def _tick(self, now: int) -> None:

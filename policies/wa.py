@@ -75,7 +75,7 @@ class WorkloadAware(HitDensity):
             raise ArgumentValueError(f"max_types must be an int >= 1, got {max_types!r}")
         self.max_types = max_types
         self._types: Dict[str, int] = {}
-        super().__init__(length_edges, refit_every, min_pages, history_size)
+        super().__init__(length_edges, (), refit_every, min_pages, history_size)
 
     def num_categories(self) -> int:
         """Length buckets, or (type, first turn or not) pairs: whichever is more."""

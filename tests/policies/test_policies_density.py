@@ -133,11 +133,24 @@ def test_learns_windows_and_keeps_the_ghost_bounded(cls):
         cache.check()
         assert policy.history.pages <= 4 * cache.num_blocks
     assert policy.theta is not None and policy.windows.max() > 0  # past LRU: windows were fitted
+    if cls is HitDensity:  # pages used again share one window, at least any first use's
+        reused = policy.windows[policy.class_of(2, 0, 0):]
+        assert len(set(reused.tolist())) == 1 and reused[0] >= policy.windows[: policy.class_of(2, 0, 0)].max()
+
+
+def test_density_output_buckets_split_the_length_buckets():
+    from radixkv.policies.base import RequestHints
+    policy = HitDensity(length_edges=(100,), output_edges=(10, 50))
+    assert policy.categories == 6
+    cats = [policy.category(n, RequestHints(output_length=o)) for n in (1, 200) for o in (5, 20, 90)]
+    assert cats == [0, 1, 2, 3, 4, 5] and policy.category(1, None) == 0
 
 
 @pytest.mark.parametrize("bad", [dict(refit_every=0), dict(min_pages=-1), dict(length_edges=(5, 5)),
                                  dict(length_edges=()), dict(history_size=0)])
 def test_bad_options_are_refused(bad):
+    with pytest.raises(ArgumentValueError):
+        HitDensity(output_edges=(0,))
     with pytest.raises(ArgumentValueError):
         HitDensity(**bad)
     with pytest.raises(ArgumentValueError):
