@@ -7,7 +7,8 @@ Capacities: 1M / 3M / 9M tokens at page 16, and the same at block level
 capacity, policy); the second-half figure is the hit rate of the requests
 in the trace's second half within that same replay (the cache warmed by the
 first half). ``gap`` is ``(policy - lru) / (belady - lru)`` in token hit
-rate. Writes ``<out>.jsonl`` (one line per replay) and ``<out>.md``.
+rate. Replay hands the policies that ask for them the trace's request fields
+(timestamp, output length). Writes ``<out>.jsonl`` (one line per replay) and ``<out>.md``.
 """
 
 from __future__ import annotations
