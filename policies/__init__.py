@@ -22,6 +22,8 @@ adaptive   per-class retention windows learned from observed reuse gaps
 2q         reused pages (ghost-remembered too) outrank first uses for a learned window
 arc        ARC: LRU lists of pages used once / again, split by ghost hits
 lirs       largest max(last reuse interval, age) first, with a ghost
+wa         ATC'25 workload-aware: lowest exponential-fit reuse probability per class first
+density    lowest predicted hit density (Kaplan-Meier per class) first
 belady     offline optimum with bypass (needs the future; replay provides it)
 =========  ===================================================================
 """
@@ -34,8 +36,9 @@ from radixkv.errors import ArgumentTypeError, ArgumentValueError, UnknownPolicyE
 
 from .adaptive import AdaptiveRetention
 from .arc import ARC
-from .base import EvictionPolicy, Offline
+from .base import EvictionPolicy, Offline, RequestHints
 from .belady import Belady
+from .density import HitDensity
 from .fifo import FIFO
 from .gdsf import GDSF
 from .lfu import LFU
@@ -45,8 +48,9 @@ from .s3fifo import S3FIFO
 from .sieve import SIEVE
 from .slru import SLRU
 from .twoq import TwoQ
+from .wa import WorkloadAware
 
-_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, TwoQ, ARC, LIRS, Belady)
+_CLASSES = (LRU, FIFO, LFU, SLRU, SIEVE, S3FIFO, GDSF, AdaptiveRetention, TwoQ, ARC, LIRS, WorkloadAware, HitDensity, Belady)
 _REGISTRY: Dict[str, Type[EvictionPolicy]] = {}
 _ALIASES: Dict[str, str] = {}
 
@@ -88,5 +92,5 @@ def create(policy: Union[str, EvictionPolicy], **options: object) -> EvictionPol
     return resolve(policy)(**options)
 
 
-__all__ = ["EvictionPolicy", "Offline", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "ARC", "LIRS", "Belady",
+__all__ = ["EvictionPolicy", "Offline", "RequestHints", "LRU", "FIFO", "LFU", "SLRU", "SIEVE", "S3FIFO", "GDSF", "AdaptiveRetention", "TwoQ", "ARC", "LIRS", "WorkloadAware", "HitDensity", "Belady",
            "available", "create", "register", "resolve"]

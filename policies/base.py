@@ -44,6 +44,15 @@ O(log n) amortized: a spare is one heap push, and each spare must be paid
 for by an earlier access (a policy must return ``>= 1`` after finitely many
 spares of the same leaf).
 
+**What a policy may know of a request.** ``on_request(num_pages, hints,
+now)``, when a policy defines it, is called by ``PrefixCache.admit`` before
+the request is matched: its length in full pages and the
+:class:`RequestHints` the caller passed (``admit(..., hints=...)``; replay
+passes the trace's fields), ``None`` when it passed none. The ``on_insert``
+and ``on_access`` calls of that admission follow at the same ``now``, so a
+policy can class the request's pages by its length, their position in it,
+the output length or the session fields. ``None`` unless a policy defines it.
+
 **Histories are per namespace.** A policy that remembers pages after they
 leave the tree (a ghost) keys them with :func:`history_key`, which includes
 the namespace (:func:`radixkv.tree.namespace_of`): otherwise one tenant's evictions would
@@ -54,13 +63,61 @@ hit or miss timing) would tell that tenant what the other one cached.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Hashable, Optional, Sequence
 
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
 from radixkv.tree import Node
 
 if TYPE_CHECKING:  # pragma: no cover
     from radixkv.cache import PrefixCache
     from radixkv.workload.traces import Request
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHints:
+    """What an engine (or a trace) knows of a request besides its tokens; every field optional.
+
+    The fields are those of the Mooncake and Alibaba Bailian trace formats.
+    Policies may use them to class a request's pages (:class:`~.wa.WorkloadAware`
+    uses ``type`` and ``turn`` as its workload category); none is required.
+
+    Attributes:
+        output_length: tokens the request generated (or is expected to), ``>= 0``.
+        timestamp: arrival time in seconds (finite).
+        chat_id: the request's session turn id (Bailian ``chat_id``).
+        parent_chat_id: the ``chat_id`` this turn continues (``-1`` or ``None``: a first turn).
+        turn: turn number within its session, ``>= 1``.
+        type: request category (Bailian ``type``: ``"text"``, ``"image"``, ...).
+
+    Bad values raise :class:`~radixkv.errors.ArgumentTypeError` /
+    :class:`~radixkv.errors.ArgumentValueError` naming the field.
+    """
+
+    output_length: Optional[int] = None
+    timestamp: Optional[float] = None
+    chat_id: Optional[int] = None
+    parent_chat_id: Optional[int] = None
+    turn: Optional[int] = None
+    type: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for name in ("output_length", "chat_id", "parent_chat_id", "turn"):
+            value = getattr(self, name)
+            if value is not None and (value.__class__ is bool or not isinstance(value, int)):
+                raise ArgumentTypeError(f"hints.{name} must be an int or None, got {value!r}")
+        if self.output_length is not None and self.output_length < 0:
+            raise ArgumentValueError(f"hints.output_length must be >= 0, got {self.output_length!r}")
+        if self.turn is not None and self.turn < 1:
+            raise ArgumentValueError(f"hints.turn must be >= 1, got {self.turn!r}")
+        ts = self.timestamp
+        if ts is not None:
+            if ts.__class__ is bool or not isinstance(ts, (int, float)):
+                raise ArgumentTypeError(f"hints.timestamp must be a number or None, got {ts!r}")
+            if not math.isfinite(ts):
+                raise ArgumentValueError(f"hints.timestamp must be finite, got {ts!r}")
+        if self.type is not None and not isinstance(self.type, str):
+            raise ArgumentTypeError(f"hints.type must be a str or None, got {self.type!r}")
 
 
 class EvictionPolicy:
@@ -87,6 +144,9 @@ class EvictionPolicy:
     #: (``num_pages * page_size`` uint32 values). Called before the engine evicts anything for
     #: them, so declined pages cost no eviction. ``None``: every new page is cached, at no cost.
     admit: Optional[Callable[[Node, int, int, memoryview], int]] = None
+
+    #: Optional request notice, ``on_request(num_pages, hints, now)``: see the module docstring.
+    on_request: Optional[Callable[[int, Optional[RequestHints], int], None]] = None
 
     def attach(self, cache: "PrefixCache") -> None:
         """Called once by :class:`PrefixCache` with the cache this policy serves (page size, cost model)."""

@@ -733,7 +733,8 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ requests
     def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, priority: int = 0,
-              expires_at: Optional[int] = None, tenant: Optional[str] = None) -> Admission:
+              expires_at: Optional[int] = None, tenant: Optional[str] = None,
+              hints: Optional["_policies.RequestHints"] = None) -> Admission:
         """Match, protect, allocate and insert a request's full pages in one step.
 
         The remaining pages get blocks as far as unprotected pages can be
@@ -757,12 +758,20 @@ class PrefixCache:
         the pool when the admission ends, released or aborted; the tree keeps
         its one copy (the KV of a prefix is the same whoever computes it). The
         rule costs one lookup per matched page; ``"shared"`` costs nothing.
+
+        ``hints`` (a :class:`~radixkv.policies.RequestHints`: output length,
+        timestamp, session fields) is handed, with the request's length in
+        pages, to a policy that asks for it (``on_request``), before the match.
         """
         data, num_pages = self._pages(tokens)
         if priority.__class__ is not int or priority or expires_at is not None:
             priority, expires_at = _check_retention(priority, expires_at)
+        if hints is not None and not isinstance(hints, _policies.RequestHints):
+            raise ArgumentTypeError(f"hints must be a RequestHints or None, got {hints!r}")
         key = self._partition(namespace, tenant)
         root = self._tree.find_root(key)
+        if self._policy.on_request is not None:
+            self._policy.on_request(num_pages, hints, self._clock + 1)
         self._clock += 1
         now = self._clock
         if root is None:

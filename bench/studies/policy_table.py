@@ -1,13 +1,14 @@
 """The policy table: token hit rate per policy on both Mooncake traces, whole trace and second half.
 
-    python bench/studies/policy_table.py [--policies lru,2q,arc,lirs,belady] [--out bench/results/policy_table]
+    python bench/studies/policy_table.py [--policies lru,2q,arc,lirs,wa,density,belady] [--out bench/results/policy_table]
 
 Capacities: 1M / 3M / 9M tokens at page 16, and the same at block level
 (page 512: 1,953 / 5,859 / 17,578 blocks). One replay per (trace, page size,
 capacity, policy); the second-half figure is the hit rate of the requests
 in the trace's second half within that same replay (the cache warmed by the
 first half). ``gap`` is ``(policy - lru) / (belady - lru)`` in token hit
-rate. Writes ``<out>.jsonl`` (one line per replay) and ``<out>.md``.
+rate. Replay hands the policies that ask for them the trace's request fields
+(timestamp, output length). Writes ``<out>.jsonl`` (one line per replay) and ``<out>.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from radixkv.analysis.replay import replay
 from radixkv.workload.traces import TraceReader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRACES = os.path.join(HERE, "..", "..", "shared", "traces")
+TRACES = os.path.join(HERE, "..", "..", "..", "shared", "traces")  # the repository sits beside shared/
 SETTINGS = [(512, n) for n in (1953, 5859, 17578)] + [(16, n // 16) for n in (999_936, 2_999_808, 8_999_424)]
 
 
@@ -93,7 +94,7 @@ def summary(rows: list, trace: str) -> list:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="conversation,synthetic")
-    ap.add_argument("--policies", default="lru,2q,arc,lirs,belady")
+    ap.add_argument("--policies", default="lru,2q,arc,lirs,wa,density,belady")
     ap.add_argument("--settings", default="all", help="'all' or page:blocks,... e.g. 512:5859")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "results", "policy_table"))
     ap.add_argument("--md-only", action="store_true", help="rewrite <out>.md from <out>.jsonl")

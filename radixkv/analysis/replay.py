@@ -139,6 +139,7 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
             start: float, tier_costs) -> ReplayResult:
     lower_tiers = tuple(tier_costs.tier_paths) if tier_costs is not None else ()
     admit, add, want_record = cache.admit, stats.add, on_record is not None
+    want_hints = cache.policy.on_request is not None  # building them costs an object per request
     other_pages = stats.other_pages
     loaded = None
     first_ts = last_ts = None
@@ -157,7 +158,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         other = other_pages(cache, request, keys) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
-        admission = admit(request.tokens, namespace=request.namespace, tenant=request.tenant)
+        admission = admit(request.tokens, namespace=request.namespace, tenant=request.tenant,
+                          hints=request.hints() if want_hints else None)
         admission.release()
         hit = admission.hit_tokens
         if before is not None:

@@ -5,7 +5,9 @@ replays without being loaded whole:
 
 * **token JSONL**: ``{"tokens": [...], "timestamp": 12.5, "namespace": "t1"}``
   one request a line; only ``tokens`` is required.
-* **Mooncake JSONL**: ``{"timestamp": ms, "input_length": n, "hash_ids": [...]}``;
+* **Mooncake JSONL**: ``{"timestamp": ms, "input_length": n, "hash_ids": [...]}``
+  (optionally the Bailian session fields ``chat_id``, ``parent_chat_id``,
+  ``turn``, ``type``, in either format);
   block ``h`` stands for the 512 token ids ``h*512 .. h*512+511`` and the
   prompt is cut to ``input_length`` tokens (the format of the Mooncake FAST'25
   release).
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..errors import ArgumentValueError, TraceFormatError
 from ..keys import MAX_TOKEN, TOKEN_DTYPE
+from ..policies.base import RequestHints
 from .tracefiles import compression, read_lines, resolve
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -38,6 +41,9 @@ class Request:
         output_length: tokens the request generated (0 when unknown).
         namespace: cache partition (LoRA adapter, model variant); ``None`` is the shared one.
         tenant: who sent it (see :mod:`radixkv.tenancy`); ``None`` when the trace does not say.
+        chat_id, parent_chat_id, turn, type: the session fields of the Alibaba Bailian
+            trace format (``None`` when the trace has none): the turn's id, the id of the
+            turn it continues (``-1``: none), its number in the session, its category.
     """
 
     tokens: np.ndarray
@@ -45,6 +51,18 @@ class Request:
     output_length: int = 0
     namespace: Optional[str] = field(default=None)
     tenant: Optional[str] = field(default=None)
+    chat_id: Optional[int] = None
+    parent_chat_id: Optional[int] = None
+    turn: Optional[int] = None
+    type: Optional[str] = None
+
+    def hints(self) -> RequestHints:
+        """What a policy may know of this request besides its tokens (``PrefixCache.admit(..., hints=)``).
+
+        An output length of 0 counts as unknown. O(1).
+        """
+        return RequestHints(self.output_length or None, self.timestamp, self.chat_id, self.parent_chat_id,
+                            self.turn, self.type)
 
 
 def expand_mooncake(hash_ids: list, input_length: int) -> np.ndarray:
@@ -246,12 +264,23 @@ def _int_list(record: dict, name: str, path: str, lineno: int, limit: int) -> np
     return np.asarray(values, dtype=np.int64)
 
 
+def _session_fields(record: dict, path: str, lineno: int) -> tuple:
+    """The optional Bailian fields ``chat_id``, ``parent_chat_id``, ``turn`` (ints; a turn >= 1) and ``type`` (a str)."""
+    chat = _field(record, "chat_id", int, path, lineno, required=False)
+    parent = _field(record, "parent_chat_id", int, path, lineno, required=False)
+    turn = _field(record, "turn", int, path, lineno, required=False)
+    if turn is not None and turn < 1:
+        raise TraceFormatError(path, lineno, f"field 'turn' must be >= 1, got {brief(turn)}")
+    kind = _field(record, "type", str, path, lineno, required=False)
+    return chat, parent, turn, kind
+
+
 def _parse_tokens(record: dict, path: str, lineno: int) -> Request:
     tokens = _int_list(record, "tokens", path, lineno, MAX_TOKEN).astype(TOKEN_DTYPE)
     ts = _time_field(record, path, lineno, 1.0)
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
     return Request(tokens, ts, out, _namespace_field(record, path, lineno),
-                   _namespace_field(record, path, lineno, "tenant"))
+                   _namespace_field(record, path, lineno, "tenant"), *_session_fields(record, path, lineno))
 
 
 MAX_MOONCAKE_HASH_ID = (MAX_TOKEN + 1) // MOONCAKE_BLOCK_TOKENS - 1
@@ -268,7 +297,7 @@ def _parse_mooncake(record: dict, path: str, lineno: int) -> Request:
     ts = _time_field(record, path, lineno, 1000.0)  # milliseconds
     out = _count_field(record, "output_length", path, lineno, required=False) or 0
     return Request(expand_mooncake(hash_ids, length), ts, out, None,
-                   _namespace_field(record, path, lineno, "tenant"))
+                   _namespace_field(record, path, lineno, "tenant"), *_session_fields(record, path, lineno))
 
 
 _PARSERS = {"tokens": _parse_tokens, "mooncake": _parse_mooncake}

@@ -24,7 +24,7 @@ from radixkv import PrefixCache
 from radixkv.adapters.vllm import VLLMBlockView
 from radixkv.events import BlockRemoved, BlockStored
 from radixkv.events.hashing import BlockHasher, external_block_hashes, namespace_extra_keys
-from radixkv.policies import AdaptiveRetention, S3FIFO, TwoQ, available, create
+from radixkv.policies import AdaptiveRetention, HitDensity, S3FIFO, TwoQ, WorkloadAware, available, create
 from radixkv.tiers import HostTier, RemoteTier, TieredCache
 from radixkv.workload.traces import Request
 
@@ -173,10 +173,14 @@ def _ghost_policies():
     two_q.window = 100  # protected pages outrank first uses for 100 ticks
     adaptive = AdaptiveRetention(solve_every=10**6)
     adaptive.windows = np.array([0.0] * 4 + [100.0] * 8)  # reused classes (use level >= 1) stay 100 ticks
-    return {"s3fifo": S3FIFO(), "2q": two_q, "adaptive": adaptive}
+    learned = {}
+    for cls in (WorkloadAware, HitDensity):  # reused pages (use level >= 2) stay 100 ticks
+        policy = learned[cls.name] = cls(refit_every=10**6)
+        policy.windows = [100.0 if c >= policy.class_of(2, 0, 0) else 0.0 for c in range(policy.num_classes)]
+    return {"s3fifo": S3FIFO(), "2q": two_q, "adaptive": adaptive, **learned}
 
 
-@pytest.mark.parametrize("name", ["s3fifo", "2q", "adaptive"])
+@pytest.mark.parametrize("name", ["s3fifo", "2q", "adaptive", "wa", "density"])
 def test_one_namespaces_evictions_do_not_rank_anothers_identical_pages(name):
     # Tenant a caches [1, 2] and loses it to its own later prompts (its ghost/history remembers
     # it); then tenant b caches the same tokens [1, 2] for the first time, and more prompts of

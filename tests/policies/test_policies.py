@@ -76,6 +76,9 @@ EXPECTED_ORDERS = {
     # no reuse interval ([3], [7]) first, oldest first; then max(interval, age) at t7:
     # [4] max(5, 0), [1,2] max(5, 0), [5,6] max(1, 2)
     "lirs": [[1, 2, 3], [7], [1, 2, 4], [1, 2], [1], [5, 6], [5]],
+    # windows all 0 until enough history: LRU (learned orders: test_policies_density.py)
+    "wa": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
+    "density": [[1, 2, 3], [5, 6], [5], [7], [1, 2, 4], [1, 2], [1]],
 }
 
 
