@@ -50,6 +50,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .. import extents
 from ..costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, HardwareSpec, ModelSpec, get_hardware, get_model,
                     prefill_flops)
 from ..errors import ArgumentTypeError
@@ -239,10 +240,17 @@ class PageIndex:
             prev = self._block_key[parent.last_block] if parent.parent is not None else 0
             tokens = np.frombuffer(leaf.key, dtype=TOKEN_DTYPE, count=leaf.num_pages * self._page_size)
             keys = self._keys.extend(tokens, leaf.start, leaf.num_pages, _U64(prev)).tolist()
-        block_key, count = self._block_key, self._count
-        for block, key in zip(leaf.blocks.tolist(), keys):
-            block_key[block] = key
+        count = self._count
+        for key in keys:
             count[key] = count.get(key, 0) + 1
+        parts = leaf.parts
+        part = parts[0]
+        if len(parts) == 1 and part.__class__ is tuple and part[0] <= part[1]:  # one ascending run
+            self._block_key[part[0] : part[1] + 1] = keys
+        else:
+            block_key = self._block_key
+            for block, key in zip(extents.id_list(parts), keys):
+                block_key[block] = key
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` leave the cache (the engine calls this). O(len(blocks))."""

@@ -56,6 +56,8 @@ def test_extents_cut_and_expand_like_an_array(parts, data):
     assert extents.size(parts) == len(ids)
     got = extents.to_array(parts)
     assert got.dtype == np.int32 and got.flags.writeable and got.tolist() == ids.tolist()
+    listed = extents.id_list(parts)
+    assert listed == ids.tolist() and all(type(i) is int for i in listed)
     k = data.draw(st.integers(0, len(ids)))
     head, tail = extents.cut(parts, k)
     assert extents.to_array(head).tolist() == ids[:k].tolist()
