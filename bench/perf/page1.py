@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "peers"))
 
 import machine_facts  # noqa: E402
+from cachegrind import count as cachegrind_count, minus as cachegrind_minus  # noqa: E402
 from _common import TRACES, MooncakeTrace  # noqa: E402
 
 from radixkv import PrefixCache  # noqa: E402
@@ -100,39 +101,19 @@ def cachegrind(args) -> None:
     """One valgrind run per (pool, page) pair and one without a replay; emit the counts with it subtracted."""
     base = [sys.executable, os.path.abspath(__file__), "--trace", args.trace, "--limit", str(args.limit),
             "--old-rev", args.old_rev, "--repeat", "1", "--no-check"]
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
     def counts(extra) -> dict:
-        out = f"/tmp/page1-cachegrind-{os.getpid()}.out"
-        subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=yes", f"--cachegrind-out-file={out}",
-                        *base, *extra], check=True, env=env, capture_output=True)
-        with open(out) as fh:
-            lines = fh.read().splitlines()
-        names = next(line for line in lines if line.startswith("events:")).split()[1:]
-        values = next(line for line in lines if line.startswith("summary:")).split()[1:]
-        c = dict(zip(names, map(int, values)))
-        annotated = subprocess.run(["cg_annotate", "--show=Ir", "--threshold=0.05", out], check=True,
-                                   capture_output=True, text=True).stdout
-        functions = {}  # C function (numpy's loops, memcpy, the interpreter) -> instructions
-        for line in annotated.splitlines():
-            match = re.match(r"^\s*(-?[\d,]+) \(\s*-?[\d.]+%\)\s+(\S.*)$", line)
-            if match and "PROGRAM TOTALS" not in match.group(2):
-                name = match.group(2).rsplit(":", 1)[-1]
-                functions[name] = functions.get(name, 0) + int(match.group(1).replace(",", ""))
-        os.unlink(out)
-        return {"Ir": c["Ir"], "est_cycles": c["Ir"] + 10 * (c["I1mr"] + c["D1mr"] + c["D1mw"])
-                + 100 * (c["ILmr"] + c["DLmr"] + c["DLmw"]), "functions": functions}
+        return cachegrind_count([*base, *extra])
 
     skips = {name: counts(["--skip-replay", "--pools", name]) for name in args.pools}
     for page in args.pages:
         for name in args.pools:
             skip = skips[name]
-            c = counts(["--pools", name, "--pages", str(page)])
+            c = cachegrind_minus(counts(["--pools", name, "--pages", str(page)]), skip)
             row = {"bench": "page1-cachegrind", "pool": name, "pool_rev": "worktree" if name == "new" else args.old_rev,
                    "page_size": page, "requests": args.limit, "capacity_tokens": CAPACITY_TOKENS,
-                   "Ir": c["Ir"] - skip["Ir"], "est_cycles": c["est_cycles"] - skip["est_cycles"],
-                   "functions_Ir": dict(sorted(((f, v - skip["functions"].get(f, 0)) for f, v in c["functions"].items()),
-                                               key=lambda fv: -abs(fv[1]))[:40]),
+                   "Ir": c["Ir"], "est_cycles": c["est_cycles"],
+                   "functions_Ir": dict(sorted(c["functions"].items(), key=lambda fv: -abs(fv[1]))[:40]),
                    "machine": machine_facts.machine(), "tag": args.tag}
             machine_facts.emit(row, args.out)
 
