@@ -768,7 +768,11 @@ class PrefixCache:
             priority, expires_at = _check_retention(priority, expires_at)
         if hints is not None and not isinstance(hints, _policies.RequestHints):
             raise ArgumentTypeError(f"hints must be a RequestHints or None, got {hints!r}")
-        key = self._partition(namespace, tenant)
+        if tenant is None:  # the usual case, without a call
+            check_namespace(namespace)
+            key = namespace
+        else:
+            key = self._partition(namespace, tenant)
         root = self._tree.find_root(key)
         if self._policy.on_request is not None:
             self._policy.on_request(num_pages, hints, self._clock + 1)
