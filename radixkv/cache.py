@@ -312,6 +312,7 @@ class PrefixCache:
         # block <-> chain hash of every cached page: the recorder's, or attach_page_hashes's
         self._page_hashes: Optional[PageHashIndex] = self._events.index if self._events is not None else None
         self._observe()
+        self._sharing.bind()  # last: a rule that keeps records serves one cache
 
     # ------------------------------------------------------------------ counters
     @property

@@ -82,6 +82,21 @@ class Sharing:
         """The tree root key of a request of ``tenant`` in ``namespace`` (the namespace, by default). O(1)."""
         return namespace
 
+    def bind(self) -> None:
+        """Claim the rule for one cache (the engine calls this once). A rule that keeps records
+        (:attr:`filters`) keys them by block id, which means nothing in another cache: it
+        refuses a second cache (:class:`~radixkv.errors.ArgumentValueError`) instead of serving
+        one cache's pages by another's records. :meth:`fresh` makes one for each. O(1)."""
+        if self.filters:
+            if getattr(self, "_bound", False):
+                raise ArgumentValueError(f"the sharing rule {self!r} serves another cache already; give each cache "
+                                         f"its own (rule.fresh())")
+            self._bound = True
+
+    def fresh(self) -> "Sharing":
+        """A rule of the same kind and parameters with no records, bound to no cache. O(1)."""
+        return type(self)()
+
     def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, Any]:
         """``(pages served, decision)`` for ``tenant`` whose request matched cached ``blocks`` (root
         first). Changes nothing: the engine hands ``decision`` to :meth:`served` once the match or
@@ -176,6 +191,9 @@ class KAnonymous(Sharing):
         self.k = check_int(k, "k", minimum=1)
         self._seen: Dict[int, Any] = {}  # block -> set of requesters (at most k), or _PUBLIC
 
+    def fresh(self) -> "KAnonymous":
+        return type(self)(k=self.k)
+
     def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, List[int]]:
         seen, k = self._seen, self.k
         served = len(blocks)
@@ -254,6 +272,9 @@ class Adaptive(KAnonymous):
         super().__init__(k)
         self.budget = check_int(budget, "budget", minimum=0)
         self._strikes: Dict[Optional[str], int] = {}  # tenant -> suspect requests served in full
+
+    def fresh(self) -> "Adaptive":
+        return type(self)(k=self.k, budget=self.budget)
 
     def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, Tuple[List[int], bool]]:
         served, pending = super().serve(tenant, blocks)

@@ -77,7 +77,7 @@ def attack(requests: Iterable[Request], *, sharing: Union[str, Sharing] = "share
     tokens) for the page ids plus the replay.
     """
     page_size = check_positive_int(page_size, "page_size")
-    rule = create(sharing, **options)
+    rule = create(sharing, **options).fresh()  # a rule instance given is left untouched, each run starts clean
     trace = list(requests)
     interners: Dict[Optional[str], PageInterner] = {}
     pages: List[list] = []

@@ -21,18 +21,15 @@ from radixkv.workload.generators import generate
 from radixkv.workload.traces import Request
 
 
-@pytest.mark.xfail(strict=True, reason="a Sharing instance keeps requester records by bare block id "
-                   "(tenancy.KAnonymous._seen) and PrefixCache binds one instance to any number of caches "
-                   "(tenancy.create returns it as is): cache A's records serve pages in cache B")
 @pytest.mark.parametrize("make_rule", [lambda: KAnonymous(k=2), lambda: Adaptive(k=2, budget=0)],
                          ids=["k-anonymous", "adaptive"])
 def test_one_sharing_rule_bound_to_two_caches_serves_no_page_the_rule_refuses(make_rule):
     rule = make_rule()
     a = PrefixCache(8, page_size=2, sharing=rule)
-    try:
-        b = PrefixCache(8, page_size=2, sharing=rule)
-    except RadixKVError:
-        return  # refusing the second cache is a fix as good as keeping records per cache
+    with pytest.raises(RadixKVError):  # the rule keeps records by block id: one cache each
+        PrefixCache(8, page_size=2, sharing=rule)
+    b = PrefixCache(8, page_size=2, sharing=rule.fresh())
+    assert repr(b.sharing) == repr(rule) and b.sharing is not rule
     a.admit([9, 9], tenant="x").release()  # x requests a page in cache A (block 0)
     b.admit([5, 5], tenant="victim").release()  # one victim caches a private page in B (block 0)
     a.check()
@@ -42,9 +39,6 @@ def test_one_sharing_rule_bound_to_two_caches_serves_no_page_the_rule_refuses(ma
     assert b.admit([5, 5], tenant="x").hit_tokens == 0
 
 
-@pytest.mark.xfail(strict=True, reason="attack() passes a Sharing instance to a new PrefixCache as is "
-                   "(analysis/attack.py create(sharing)); the second run inherits the first run's "
-                   "requester records by block id and the attacker recovers private pages under k-anonymous")
 def test_attack_twice_with_one_rule_instance_measures_the_same():
     requests = list(generate("multitenant", 1, 1000, page_size=16))
     rule = KAnonymous(k=3)
