@@ -120,15 +120,22 @@ class Admission:
             caller writes their KV before :meth:`release` (a tiered cache copies them below
             HBM at the release, never earlier). Private blocks of pages served as a miss come
             first and go back to the pool when the admission ends (see :meth:`PrefixCache.admit`).
-        node: handle of the deepest cached page of the request.
+        private_pages: how many pages were served as a miss (0 without a sharing rule that
+            refuses pages): the head of ``new_blocks``, never cached; the rest of
+            ``new_blocks`` are the pages this admission cached.
+        node: handle of the deepest cached page of the request. Under a sharing rule that
+            refused pages, its path in the tree holds the shared blocks of those pages, which
+            this request must not read: ``blocks`` is what the request may use.
     """
 
-    __slots__ = ("hit_tokens", "node", "_path", "_new", "_blocks", "_new_blocks", "_finish", "_released",
+    __slots__ = ("hit_tokens", "node", "private_pages", "_path", "_new", "_blocks", "_new_blocks", "_finish", "_released",
                  "_aborted")
 
     def __init__(self, hit_tokens: int, path: List[Parts], new: Parts, node: NodeHandle,
-                 finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None) -> None:
+                 finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None,
+                 private_pages: int = 0) -> None:
         self.hit_tokens = hit_tokens
+        self.private_pages = private_pages
         # The block ids as extents (the matched nodes' root first, then the new pages'): the
         # arrays are made on first use, so a caller that reads neither pays no per-block work.
         self._path = path
@@ -519,11 +526,17 @@ class PrefixCache:
         return self._tree.path_blocks(self._resolve(handle))
 
     def namespaces(self) -> List[Optional[str]]:
-        """The namespaces that hold pages or locks now (a new list). O(namespaces)."""
-        return list(self._tree.namespaces())
+        """The namespaces that hold pages or locks now (a new list, each once: under a sharing
+        rule that isolates tenants, a namespace's tenants' partitions count as the namespace).
+        O(namespaces)."""
+        keys = self._tree.namespaces()
+        if self._sharing.name != "isolated":
+            return list(keys)
+        return list(dict.fromkeys(key[0] if key.__class__ is tuple else key for key in keys))
 
     def holds_namespace(self, namespace: Optional[str]) -> bool:
-        """Whether ``namespace`` holds pages or locks now. O(1)."""
+        """Whether ``namespace`` holds pages or locks now, in its own partition (an isolated
+        tenant's pages are in the tenant's). O(1)."""
         return namespace in self._tree.namespaces()
 
     def nodes(self) -> Iterator[Node]:
@@ -832,7 +845,8 @@ class PrefixCache:
                 path = [(hit_blocks[:served],)] if served else []
                 new = (private, *new) if len(private) else new
                 new_blocks = None
-        return Admission(served * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks)
+        return Admission(served * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks,
+                         len(private))
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1286,11 +1300,15 @@ class PrefixCache:
             node = node.parent
 
     def _unlock_node(self, node: Node) -> None:
+        error = None  # a free-block sink that raised: re-raised once every lock on the path is off
         while node is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 if self._detached and node in self._detached:  # an aborted page's last holder let go
-                    self._free_detached(node)
+                    try:
+                        self._free_detached(node)
+                    except BaseException as exc:  # the blocks went to the free list (see _sink)
+                        error = error or exc
                 else:
                     self._protected -= node.num_pages
                     if node.children is None:
@@ -1299,6 +1317,8 @@ class PrefixCache:
                         else:
                             self._drop_root_if_unused(node)
             node = node.parent
+        if error is not None:
+            raise error
 
     def _keeps_root(self, root: Root) -> bool:
         """Whether an empty, unlocked ``root`` must stay registered (the lower layer's pages hang off it)."""
@@ -1415,13 +1435,14 @@ class PrefixCache:
         """The last holder of detached (aborted) ``node`` let go: its blocks go back to the pool (or the sink)."""
         del self._detached[node]
         self._detached_blocks -= node.num_pages
-        self._give_back(node.blocks)
+        blocks = node.blocks
         node.gen = -1
         parent = node.parent
         if parent is not None and parent.children is not None:
             parent.children.pop(node.first, None)
             if not parent.children:
                 parent.children = None
+        self._give_back(blocks)  # last: a sink that raises finds the node gone and the blocks freed
 
     def _unlockable(self, handle: NodeHandle) -> Node:
         """The node of ``handle`` if :meth:`unlock` may undo one of its locks, else raise (nothing changed).

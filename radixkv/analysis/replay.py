@@ -128,7 +128,7 @@ def replay(
     # A tiered cache's cost model: its lower-tier hits cost a load.
     tier_costs = getattr(cache, "cost_model", None) if hasattr(cache, "hit_tokens_by_tier") else None
     stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
-                        tier_costs=tier_costs)
+                        tier_costs=tier_costs, by_tenant=cache.sharing.name != "shared")
     try:
         return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start, tier_costs)
     finally:
@@ -164,7 +164,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         hit = admission.hit_tokens
         if before is not None:
             loaded = pages_loaded(before, cache.hit_tokens_by_tier, lower_tiers, cache.page_size)
-        record = add(request, hit, len(admission.new_blocks), cache.declined_blocks - declined0,
+        admitted = len(admission.new_blocks) - admission.private_pages  # pages served as a miss: not cached
+        record = add(request, hit, admitted, cache.declined_blocks - declined0,
                      cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record, keys=keys)
         if on_request is not None:
             on_request(request, hit)

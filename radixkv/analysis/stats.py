@@ -334,6 +334,9 @@ class ReplayStats:
             with the distinct pages ever cached). Off: ``miss_tokens_by_reason`` stays empty.
         tier_costs: a tiered cache's :class:`~radixkv.costs.CostModel`, whose tier paths and
             links price pages loaded from lower tiers (for ``model`` on ``hardware``).
+        by_tenant: remember pages per ``(namespace, tenant)`` instead of per namespace: under
+            a sharing rule (:mod:`radixkv.tenancy`) what was cached for one tenant says nothing
+            of what another is served, so a page another tenant cached is no ``evicted`` miss.
 
     Cost of :meth:`add`: a small constant plus O(runs on the request's path) with miss
     reasons on (see the module doc).
@@ -341,8 +344,9 @@ class ReplayStats:
 
     def __init__(self, page_size: int, *, model: Union[str, ModelSpec] = DEFAULT_MODEL,
                  hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE, miss_reasons: bool = True,
-                 tier_costs: Optional[CostModel] = None) -> None:
+                 tier_costs: Optional[CostModel] = None, by_tenant: bool = False) -> None:
         self.page_size = page_size
+        self.by_tenant = bool(by_tenant)
         self.model = get_model(model) if isinstance(model, str) else model
         self.hardware = get_hardware(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(self.model, ModelSpec):
@@ -493,7 +497,7 @@ class ReplayStats:
         if not n:
             return 0, 0, partial, 0, 0
         history = self._history
-        namespace = request.namespace
+        namespace = (request.namespace, request.tenant) if self.by_tenant else request.namespace
         if keys is None:
             keys = self._free_keys(request)
         covered = history.ever_cached(keys, namespace)

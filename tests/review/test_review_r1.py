@@ -48,9 +48,6 @@ def test_attack_twice_with_one_rule_instance_measures_the_same():
     assert second == first
 
 
-@pytest.mark.xfail(strict=True, reason="under isolated, namespaces() lists (namespace, tenant) tuples "
-                   "(tenancy.Isolated.partition), which the namespace= argument of cached_pages refuses; "
-                   "analysis.stats.other_namespace_pages feeds one into the other and raises")
 def test_other_namespace_pages_under_isolated_tenants():
     cache = PrefixCache(64, page_size=2, sharing="isolated")
     cache.admit([1, 2, 3, 4], tenant="alice").release()
@@ -94,10 +91,6 @@ def test_admission_handle_covers_only_what_the_tenant_may_use():
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason="PrefixCache._unlock_node (cache.py) calls _free_detached, whose "
-                   "_give_back reaches the free-block sink in the middle of the walk up the path: a sink that "
-                   "raises stops the walk, the locks above stay taken and the aborted page's blocks are lost "
-                   "(on_free promises the cache stays consistent); present at 4f3b99b too")
 def test_a_raising_sink_while_an_aborted_batch_mate_lets_go_leaves_the_cache_consistent():
     failing = []
 
@@ -119,9 +112,6 @@ def test_a_raising_sink_while_an_aborted_batch_mate_lets_go_leaves_the_cache_con
     assert cache.protected_blocks == 0
 
 
-@pytest.mark.xfail(strict=True, reason="ReplayStats keys its page history by request.namespace "
-                   "(analysis/stats.py, PageHistory / other_pages), not by the sharing rule's partition or "
-                   "the tenant: a page another tenant cached and the rule refused is counted as 'evicted'")
 @pytest.mark.parametrize("sharing", ["k-anonymous", "isolated"])
 def test_miss_reasons_report_no_eviction_when_nothing_was_evicted(sharing):
     requests = [Request(tokens=list(range(1, 17)), tenant="victim"), Request(tokens=list(range(1, 17)), tenant="x")]
@@ -131,9 +121,6 @@ def test_miss_reasons_report_no_eviction_when_nothing_was_evicted(sharing):
     assert result.miss_tokens_by_reason["evicted"] == 0, result.miss_tokens_by_reason
 
 
-@pytest.mark.xfail(strict=True, reason="replay counts len(admission.new_blocks) as admitted (analysis/replay.py "
-                   "add(...)), and under a refusing rule new_blocks starts with the private blocks of pages "
-                   "served as a miss, which are never cached; ReplayResult.admitted_blocks promises new pages cached")
 def test_replay_admitted_blocks_count_only_pages_cached():
     requests = [Request(tokens=list(range(1, 17)), tenant="victim"), Request(tokens=list(range(1, 17)), tenant="x")]
     cache = PrefixCache(100, page_size=4, sharing="k-anonymous")
