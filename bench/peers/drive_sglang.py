@@ -89,6 +89,59 @@ def make_cache(page_size: int, num_blocks: int):
     return s["RadixCache"](params), allocator
 
 
+def as_array_q(item) -> array:
+    """A request's token ids as ``array('q')``, the form SGLang's ``Req`` holds them in.
+
+    Cost: one copy of the prompt (O(n)); the drivers call it outside the timed region.
+    """
+    tokens = _common.as_tokens(item)
+    if hasattr(tokens, "astype"):
+        return array("q", tokens.astype("int64", copy=False).tobytes())
+    return array("q", tokens)
+
+
+def replay_loop(requests_iter, page_size: int, serve) -> _common.Tally:
+    """Time ``serve(ids, n_full_tokens) -> (hit, need, take)`` once per request, in trace order.
+
+    The timing loop both SGLang drivers share: turning a request into ``array('q')``
+    happens before the clock starts; ``serve`` runs the cache calls of one request
+    (match, lock, evict, alloc, insert, unlock) and returns the matched tokens,
+    the tokens it wanted to allocate and the tokens it did allocate.
+    """
+    tally = _common.Tally()
+    clock = time.perf_counter_ns
+    wall0 = time.perf_counter()
+    for item in requests_iter:
+        ids = as_array_q(item)
+        n = len(ids)
+        t0 = clock()
+        hit, need, take = serve(ids, n // page_size * page_size)
+        tally.ns.append(clock() - t0)
+        tally.requests += 1
+        tally.prompt_tokens += n
+        tally.hit_tokens += hit
+        tally.inserted_pages += take // page_size
+        tally.short_pages += (need - take) // page_size if need > 0 else 0
+    tally.wall = time.perf_counter() - wall0
+    return tally
+
+
+def cache_summary(tally: _common.Tally, tree, page_size: int, num_blocks: int, engine_cap: bool,
+                  rss_start: float) -> dict:
+    """The JSON fields both SGLang drivers report: the tally, the capacity and what the tree holds at the end."""
+    out = tally.summary()
+    cached_tokens = tree.evictable_size() + tree.protected_size()
+    cached_pages = cached_tokens // page_size
+    # every slot is either free or held by the tree once all requests are done: anything else is a leak
+    # (or, negative, a slot freed twice) in the driver or the cache
+    leaked = num_blocks * page_size - cached_tokens - tree.token_to_kv_pool_allocator.available_size()
+    out.update({"page_size": page_size, "num_blocks": num_blocks, "engine_cap": engine_cap,
+                "torch_threads": _load()["torch"].get_num_threads(), "cached_pages_end": cached_pages,
+                "leaked_slots": leaked,
+                "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(_common.rss_mib(), 1)})
+    return out
+
+
 def replay_sglang(requests_iter, page_size: int = 16, num_blocks: int = 187488, *, engine_cap: bool = False,
                   measure_heap: bool = False, torch_threads: int | None = 1) -> dict:
     """Replay token sequences through a fresh SGLang ``RadixCache``; return the counters and timings.
@@ -114,21 +167,11 @@ def replay_sglang(requests_iter, page_size: int = 16, num_blocks: int = 187488, 
         probe = _common.HeapProbe([os.path.dirname(s["sglang"].__file__)])
         probe.start()
 
-    tally = _common.Tally()
-    clock = time.perf_counter_ns
     cat = torch.cat
-    wall0 = time.perf_counter()
-    for item in requests_iter:
-        tokens = _common.as_tokens(item)
-        if hasattr(tokens, "astype"):
-            ids = array("q", tokens.astype("int64", copy=False).tobytes())
-        else:
-            ids = array("q", tokens)
-        n = len(ids)
-        n_full_tokens = n // page_size * page_size
-        match_key = RadixKey(ids, limit=n - 1) if engine_cap else RadixKey(ids)
 
-        t0 = clock()
+    def serve(ids, n_full_tokens):
+        n = len(ids)
+        match_key = RadixKey(ids, limit=n - 1) if engine_cap else RadixKey(ids)
         m = tree.match_prefix(MatchPrefixParams(key=match_key))
         hit = m.device_prefix_len
         last = m.last_device_node
@@ -149,21 +192,11 @@ def replay_sglang(requests_iter, page_size: int = 16, num_blocks: int = 187488, 
             if res.prefix_len > hit:  # slots the tree already held: give the duplicates back
                 allocator.free(value[hit:res.prefix_len])
         tree.dec_lock_ref(last)
-        tally.ns.append(clock() - t0)
+        return hit, need, take
 
-        tally.requests += 1
-        tally.prompt_tokens += n
-        tally.hit_tokens += hit
-        tally.inserted_pages += take // page_size
-        tally.short_pages += (need - take) // page_size if need > 0 else 0
-    tally.wall = time.perf_counter() - wall0
-
-    out = tally.summary()
-    cached_tokens = tree.evictable_size() + tree.protected_size()
-    cached_pages = cached_tokens // page_size
-    out.update({"page_size": page_size, "num_blocks": num_blocks, "engine_cap": engine_cap,
-                "torch_threads": torch.get_num_threads(), "cached_pages_end": cached_pages,
-                "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(_common.rss_mib(), 1)})
+    tally = replay_loop(requests_iter, page_size, serve)
+    out = cache_summary(tally, tree, page_size, num_blocks, engine_cap, rss_start)
+    cached_pages = out["cached_pages_end"]
     if probe is not None:
         heap = probe.stop()
         nodes, tensor_bytes = _tree_stats(tree)
