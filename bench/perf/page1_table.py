@@ -96,6 +96,8 @@ def _cpu(rows: list) -> List[str]:
 
 def _peers(rows: list) -> List[str]:
     out = ["## Side by side with SGLang's RadixCache (bench/peers/compare.py, best of the repetitions)", "",
+           "`RadixCache` is SGLang's Python cache, not its default: against the default, `UnifiedRadixCache` on "
+           "its Rust tree core, see `page1_unified.md` (2.9-3.5x at page 1, below the 4x target).", "",
            "| page | blocks | radixkv req/s | SGLang req/s | radixkv / SGLang | same, medians | radixkv p50 us |"
            " SGLang p50 us | radixkv hit tokens | SGLang hit tokens | 1-min load |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
