@@ -48,8 +48,8 @@ raising is possible (the victim queue invalidates lazily), so a deadline a
 refit shortened waits for its old rank. Cost: at most one spare per deadline
 slot (8 per leaf) per refit, since a spared leaf's deadlines are those of
 the current windows; O(log n) amortized over the evictions. Measured on the
-Mooncake traces at 3M tokens, block level, whole trace: +0.25 points
-(conversation) and +0.69 (synthetic) of hit rate for ``density``; ``wa``
+Mooncake traces at 3M tokens, block level, whole trace: +0.11 points
+(conversation) and +0.30 (synthetic) of hit rate for ``density``; ``wa``
 lost 1.6 and 0.4 points with it, so it stays off there.
 
 **Per page.** A leaf's pages differ in segment (the head the ghost
