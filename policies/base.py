@@ -151,6 +151,18 @@ class EvictionPolicy:
     def attach(self, cache: "PrefixCache") -> None:
         """Called once by :class:`PrefixCache` with the cache this policy serves (page size, cost model)."""
 
+    def claim(self) -> None:
+        """Claim the policy for one cache or tier (the engine calls this before :meth:`attach`).
+
+        A policy's history (ghosts, learned windows, clocks) is about the pages of the one
+        cache it serves: shared by two, one cache's evictions would rank the other's pages
+        (a side channel between them). A second claim raises
+        :class:`~radixkv.errors.ArgumentValueError`; give each cache its own instance. O(1).
+        """
+        if self.__dict__.get("_claimed"):
+            raise ArgumentValueError(f"the policy {self!r} serves another cache or tier already; give each its own")
+        self.__dict__["_claimed"] = True
+
     def on_insert(self, node: Node, now: int) -> None:
         """``node`` was created holding pages first cached at logical time ``now``."""
         node.policy_state = now

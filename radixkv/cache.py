@@ -303,6 +303,7 @@ class PrefixCache:
         self._detached_blocks = 0
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
+        self._policy.claim()  # one cache per policy: its history is about this cache's pages
         self._policy.attach(self)
         # Hooks the policy leaves at the base class's no-op are not called at all.
         base, cls = _policies.EvictionPolicy, type(self._policy)

@@ -164,6 +164,7 @@ class Tier:
         work in a lower tier too. Called once by the cache; may raise the
         policy's own ``ValueError`` (a cost model of another page size).
         """
+        self.policy.claim()  # one tier per policy, as one cache per policy
         self.policy.attach(PolicyScope(page_size, self.capacity, cost_model))
 
     @property

@@ -127,3 +127,19 @@ def test_replay_admitted_blocks_count_only_pages_cached():
     result = replay(requests, cache, miss_reasons=False)
     assert result.evicted_blocks == 0
     assert result.admitted_blocks == cache.num_cached_blocks == 4
+
+
+@pytest.mark.parametrize("name", ["lru", "2q", "density"])
+def test_one_policy_instance_serves_one_cache(name):
+    """A policy's history is about one cache's pages: handed to a second cache (or tier) it is
+    refused, where it used to rank the second cache's pages by the first one's evictions."""
+    from radixkv.policies import create
+
+    policy = create(name)
+    first = PrefixCache(8, page_size=2, policy=policy)
+    with pytest.raises(RadixKVError):
+        PrefixCache(8, page_size=2, policy=policy)
+    with pytest.raises(RadixKVError):
+        TieredCache(8, page_size=2, tiers=[HostTier(8, policy=policy)])
+    first.admit([1, 2, 3, 4]).release()
+    first.check()
