@@ -166,6 +166,11 @@ class Admission:
         return self._new_blocks
 
     @property
+    def num_new_pages(self) -> int:
+        """``len(new_blocks)``, counted from the extents without making the array. O(runs)."""
+        return extents.size(self._new) if self._new_blocks is None else len(self._new_blocks)
+
+    @property
     def released(self) -> bool:
         """Whether the admission is over (released or aborted)."""
         return self._released
@@ -783,11 +788,7 @@ class PrefixCache:
             priority, expires_at = _check_retention(priority, expires_at)
         if hints is not None and not isinstance(hints, _policies.RequestHints):
             raise ArgumentTypeError(f"hints must be a RequestHints or None, got {hints!r}")
-        if tenant is None:  # the usual case, without a call
-            check_namespace(namespace)
-            key = namespace
-        else:
-            key = self._partition(namespace, tenant)
+        key = self._partition(namespace, tenant)
         root = self._tree.find_root(key)
         if self._policy.on_request is not None:
             self._policy.on_request(num_pages, hints, self._clock + 1)

@@ -143,3 +143,15 @@ def test_one_policy_instance_serves_one_cache(name):
         TieredCache(8, page_size=2, tiers=[HostTier(8, policy=policy)])
     first.admit([1, 2, 3, 4]).release()
     first.check()
+
+
+@pytest.mark.parametrize("sharing", ["shared", "k-anonymous"])
+def test_num_new_pages_counts_new_blocks_before_they_are_made(sharing):
+    cache = PrefixCache(16, page_size=2, sharing=sharing)
+    cache.admit([1, 2, 3, 4], tenant="victim").release()
+    admission = cache.admit([1, 2, 3, 4, 5, 6], tenant="x")
+    counted = admission.num_new_pages  # from the extents, before new_blocks exists
+    assert counted == len(admission.new_blocks) == admission.private_pages + 1
+    assert admission.private_pages == (2 if sharing == "k-anonymous" else 0)
+    admission.release()
+    cache.check()
