@@ -70,7 +70,7 @@ def _series(rows: List[dict], key: str) -> Dict[str, List[Tuple[int, float]]]:
 DENSE_POINTS = 20
 """A series with more points than this is drawn as a line with a few evenly spaced markers."""
 
-MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H")
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p", "8", "H", "d")
 LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999999")
 """Okabe-Ito colours (wine for its hard-to-see yellow), told apart by colour-blind readers; markers
