@@ -1186,14 +1186,12 @@ class PrefixCache:
                    locked: bool = False, already_cached: bool = False) -> Optional[Node]:
         """Cache pages ``start..`` of ``data`` below ``node`` in ``blocks`` (an id array held by the
         caller, or extents ``already_cached``: taken from the pool straight into state cached)."""
-        n = extents.size(blocks) if blocks.__class__ is tuple else len(blocks)
-        if n == 0:
+        if len(blocks) == 0:  # no id, or no part (parts are never empty)
             return None
-        pb = self._tree.page_bytes
-        leaf = self._tree.add_leaf(node, data[start * pb : (start + n) * pb], blocks)
+        leaf = self._tree.add_leaf(node, data, blocks, start * self._tree.page_bytes)
         if not already_cached:
             self._pool.set_state(blocks, CACHED)
-        self._cached += n
+        self._cached += leaf.num_pages
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
         self._policy.on_insert(leaf, now)

@@ -250,9 +250,11 @@ class RadixTree:
         child.num_pages -= pages
         return upper
 
-    def add_leaf(self, parent: Node, key: bytes, blocks: Union[np.ndarray, Parts]) -> Node:
-        """Hang a new node with ``key`` (whole pages) and ``blocks`` below ``parent``: an id array
-        (the tree keeps it and marks it read-only) or a tuple of extents."""
+    def add_leaf(self, parent: Node, key: bytes, blocks: Union[np.ndarray, Parts], offset: int = 0) -> Node:
+        """Hang a new node below ``parent`` holding ``blocks`` (an id array, which the tree keeps
+        and marks read-only, or a tuple of extents), one page per block, whose tokens are
+        ``key``'s bytes from ``offset`` on (a request's whole key may be passed: only its pages
+        are copied, once)."""
         if blocks.__class__ is tuple:
             parts, n = blocks, extents.size(blocks)
             for part in parts:  # id segments are the tree's from now on too
@@ -262,8 +264,8 @@ class RadixTree:
             blocks.flags.writeable = False  # the tree's from now on
             parts, n = ((blocks,) if len(blocks) else extents.NONE), len(blocks)
         pb = self.page_bytes
-        first = key[:pb]
-        leaf = Node(parent, first, key[pb:], parts, parent.end, n)
+        first = key[offset : offset + pb]
+        leaf = Node(parent, first, key[offset + pb : offset + n * pb], parts, parent.end, n)
         if parent.children is None:
             parent.children = {}
             rlen = (parent.num_pages - 1) * pb
