@@ -814,15 +814,23 @@ class PrefixCache:
             keep = self._admit_pages(node, data, pos, need, now)
             free = self._pool.num_free
             fit = min(pos - served + keep, free + self._cached - self._protected)
+            dropped = ()
             if fit > free:
                 try:
-                    self._evict(fit - free)
+                    dropped = self._evict_parts(fit - free)[1]
                 except BaseException:  # a tier failed mid-eviction: the admission never happened
                     self._unlock_node(node)
                     raise
             if served < pos:
+                if dropped:
+                    self._pool.give_back_parts(dropped)
+                    dropped = ()
                 private = self._pool.take(min(fit, pos - served))
-            new = self._pool.take_parts(fit - len(private), CACHED)
+            # The evicted blocks come straight back (nothing between can raise).
+            if dropped:
+                new = self._pool.take_after(dropped, fit - len(private), CACHED)
+            else:
+                new = self._pool.take_parts(fit - len(private), CACHED)
             leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             if leaf is not None:
                 # The admission's lock moves from node down to the new leaf: the
@@ -1253,7 +1261,18 @@ class PrefixCache:
             self._victims.push(node, rank_key(self._policy.priority, node))
 
     def _evict(self, n: int) -> int:
-        """Evict up to ``n`` pages through the victim loop (:func:`radixkv.victims.evict`); return pages freed."""
+        """Evict up to ``n`` pages through the victim loop (:func:`radixkv.victims.evict`); return pages
+        freed (their blocks onto the free list)."""
+        freed, dropped = self._evict_parts(n)
+        if dropped:
+            self._pool.give_back_parts(dropped)
+        return freed
+
+    def _evict_parts(self, n: int) -> Tuple[int, List[extents.Part]]:
+        """:meth:`_evict`, but the evicted blocks are returned as extents (cached in state, owned
+        by nobody) for the caller to hand to the pool at once: :meth:`admit` takes them straight
+        back (:meth:`BlockPool.take_after`). If the victim loop raises, what it cut already is
+        back on the free list."""
         if self._expiry_heap:
             self._expire()
         victims, tree = self._victims, self._tree
@@ -1284,11 +1303,13 @@ class PrefixCache:
                 elif parent.children is None and not parent.lock_ref:
                     self._drop_root_if_unused(parent)
 
-        try:  # if a tier's spill raises, the victims already cut still go back to the pool
-            return _victims.evict(victims, self._policy, n, rank, take)
-        finally:
+        try:
+            freed = _victims.evict(victims, self._policy, n, rank, take)
+        except BaseException:  # a tier's spill raised: the victims already cut still go back to the pool
             if dropped:
                 self._pool.give_back_parts(dropped)
+            raise
+        return freed, dropped
 
     def _lock_node(self, node: Node) -> None:
         while node is not None:

@@ -193,6 +193,46 @@ class BlockPool:
             return (extents.to_array(parts),)
         return tuple(parts)
 
+    def take_after(self, returned: Sequence[extents.Part], n: int, state: int = CACHED) -> extents.Parts:
+        """:meth:`give_back_parts` of ``returned`` then :meth:`take_parts` of ``n``, without the
+        round trip: the same ids in the same order (parts may be cut differently where a
+        returned run meets the free list's top), and the same free list afterwards.
+
+        ``returned`` are ``CACHED`` blocks the tree just let go (an eviction's tails) and ``n`` at
+        least their number: they are all taken back, the last returned first, each run turned
+        round (the free stack is LIFO), so they need no stack entry and, for ``state`` ``CACHED``,
+        no state change; the rest come from the free list. At page size 1 an admission that
+        evicts moves a few runs this way for a few stack operations each. Falls back to the two
+        calls when ``returned`` holds an id array or ``n`` is smaller. O(parts) Python.
+        """
+        total = 0
+        for part in returned:
+            if part.__class__ is not tuple:
+                total = -1
+                break
+            first, last = part
+            total += last - first + 1 if last >= first else first - last + 1
+        if total < 0 or n < total:
+            self.give_back_parts(returned)
+            return self.take_parts(n, state)
+        parts: List[extents.Part] = []
+        st = self._state
+        for first, last in reversed(returned):
+            if state != CACHED:
+                st[min(first, last) : max(first, last) + 1] = state
+            if parts:  # joined, as _push_runs joins a run that continues the top one
+                top_first, top_last = parts[-1]
+                step = last - top_last
+                if (step == 1 or step == -1) and (top_last - top_first) * step >= 0 and (first - last) * step >= 0:
+                    parts[-1] = (top_first, first)
+                    continue
+            parts.append((last, first))
+        if n > total:
+            parts.extend(self.take_parts(n - total, state))
+        if len(parts) > _MAX_PARTS and len(parts) * _IDS_PER_RUN > n:  # as take_parts: short runs as one array
+            return (extents.to_array(tuple(parts)),)
+        return tuple(parts)
+
     def give_back(self, blocks: np.ndarray) -> None:
         """Return ``HELD`` or ``CACHED`` blocks (distinct, handed out) to the free list.
 

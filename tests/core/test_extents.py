@@ -113,6 +113,53 @@ def test_take_parts_and_runs_given_back_match_the_lifo_list(seed, steps):
     pool.check()
 
 
+@settings(deadline=None)
+@given(seed=st.integers(0, 2**32 - 1),
+       steps=st.lists(st.tuples(st.sampled_from(["take", "give", "take_after"]), st.integers(0, NUM_BLOCKS),
+                                st.sampled_from(["tail", "sorted", "reversed", "shuffled"]), st.integers(0, 40)),
+                      min_size=1, max_size=25))
+def test_take_after_is_give_back_then_take(seed, steps):
+    """take_after(returned, n): the ids, states and free list of give_back_parts then take_parts,
+    checked against the plain LIFO list, whether ``returned`` holds only runs or id arrays too."""
+    rng = np.random.default_rng(seed)
+    pool, model = BlockPool(NUM_BLOCKS, 1), ListPool(NUM_BLOCKS)
+    owned: list = []  # cached blocks (the only ones take_after takes back)
+    for op, size, how, extra in steps:
+        if op == "take" or not owned:
+            n = min(size, pool.num_free)
+            parts = pool.take_parts(n, CACHED)
+            assert extents.to_array(parts).tolist() == model.take(n, CACHED)
+            owned.extend(extents.to_array(parts).tolist())
+            continue
+        blocks = _order(owned, how, rng)[: max(1, size % (len(owned) + 1))]
+        chosen = set(blocks)
+        owned = [b for b in owned if b not in chosen]
+        returned = []  # maximal runs cut at random points, as tails of several leaves come back
+        for part in as_parts(blocks):
+            if part.__class__ is tuple:
+                head, tail = extents.cut((part,), int(rng.integers(0, extents.part_size(part))))
+                returned.extend(head + tail)
+            else:
+                returned.append(part)
+        if op == "give":
+            pool.give_back_parts(returned)
+            model.give_back(blocks)
+        else:
+            n = len(blocks) + min(extra, pool.num_free)
+            state = HELD if extra % 2 else CACHED
+            parts = pool.take_after(returned, n, state)
+            extents.check(parts)
+            model.give_back(blocks)
+            got = extents.to_array(parts).tolist()
+            assert got == model.take(n, state)
+            if state == CACHED:
+                owned.extend(got)
+        assert pool.num_free == len(model.free)
+        np.testing.assert_array_equal(pool.states(ALL_IDS), np.asarray(model.state, dtype=np.uint8))
+        pool.check()
+    assert extents.to_array(pool.take_parts(pool.num_free)).tolist() == model.take(len(model.free), HELD)
+
+
 def test_runs_move_without_id_arrays():
     """A page-1 request's blocks are a run in its node and go back to the free list as one."""
     pool = BlockPool(10**6, 1)
