@@ -203,7 +203,8 @@ class BlockPool:
         round (the free stack is LIFO), so they need no stack entry and, for ``state`` ``CACHED``,
         no state change; the rest come from the free list. At page size 1 an admission that
         evicts moves a few runs this way for a few stack operations each. Falls back to the two
-        calls when ``returned`` holds an id array or ``n`` is smaller. O(parts) Python.
+        calls when ``returned`` holds an id array or ``n`` is smaller, and like them when ``n`` is
+        more than there are: ``returned`` go onto the free list, then it raises. O(parts) Python.
         """
         total = 0
         for part in returned:
@@ -212,7 +213,7 @@ class BlockPool:
                 break
             first, last = part
             total += last - first + 1 if last >= first else first - last + 1
-        if total < 0 or n < total:
+        if total < 0 or n < total or n - total > self._num_free:  # (the last raises, as take_parts would)
             self.give_back_parts(returned)
             return self.take_parts(n, state)
         parts: List[extents.Part] = []

@@ -160,6 +160,16 @@ def test_take_after_is_give_back_then_take(seed, steps):
     assert extents.to_array(pool.take_parts(pool.num_free)).tolist() == model.take(len(model.free), HELD)
 
 
+def test_take_after_more_than_free_leaves_the_returned_blocks_on_the_free_list():
+    pool = BlockPool(100, 1)
+    held = pool.take_parts(100, CACHED)
+    with pytest.raises(ValueError, match="only 10 blocks free"):
+        pool.take_after(extents.cut_tail(held, 10)[1], 11)
+    assert pool.num_free == 10
+    pool.check()
+    assert extents.to_array(pool.take_parts(10)).tolist() == list(range(99, 89, -1))
+
+
 def test_runs_move_without_id_arrays():
     """A page-1 request's blocks are a run in its node and go back to the free list as one."""
     pool = BlockPool(10**6, 1)
