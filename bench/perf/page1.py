@@ -57,7 +57,7 @@ from _common import TRACES, MooncakeTrace  # noqa: E402
 from radixkv import PrefixCache  # noqa: E402
 
 CAPACITY_TOKENS = 187488 * 16  # 3M tokens: bench/peers' default capacity
-OLD_REV = "4f3b99b"  # the run-based pool, nodes holding one id array each (before extents)
+OLD_REV = "bfe6853"  # extents, before the lazy id table and take_after (4f3b99b: nodes holding one id array each)
 
 
 def old_package(rev: str) -> type:

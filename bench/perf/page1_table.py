@@ -14,7 +14,7 @@ import statistics
 from typing import Dict, List
 
 TARGET_PAGE_RATIO = 1.5  # page-1 replay cost / page-16 replay cost (issue 17)
-TARGET_PEER_SPEEDUP = 4.0  # radixkv / SGLang RadixCache at page 1
+TARGET_PEER_SPEEDUP = 4.0  # radixkv / SGLang at page 1 (its default cache, issue 17)
 
 
 def _read(paths: List[str]) -> Dict[str, list]:
@@ -61,7 +61,9 @@ def _cachegrind(rows: list) -> List[str]:
                        f"{one['est_cycles'] / sixteen['est_cycles']:.2f}x in estimated cycles "
                        f"(target <= {TARGET_PAGE_RATIO}x).")
     one, sixteen = by.get(("new", 1)), by.get(("new", 16))
-    if one and sixteen and "functions_Ir" in one and "functions_Ir" in sixteen:
+    if one and sixteen and abs(one["Ir"] - sixteen["Ir"]) < 0.05 * sixteen["Ir"]:
+        out += ["", "Page 1 and page 16 execute the same instructions within 5%: no breakdown of a difference."]
+    elif one and sixteen and "functions_Ir" in one and "functions_Ir" in sixteen:
         f1, f16 = one["functions_Ir"], sixteen["functions_Ir"]
         delta = {f: f1.get(f, 0) - f16.get(f, 0) for f in set(f1) | set(f16)}
         extra = one["Ir"] - sixteen["Ir"]
@@ -95,22 +97,33 @@ def _cpu(rows: list) -> List[str]:
 
 
 def _peers(rows: list) -> List[str]:
-    out = ["## Side by side with SGLang's RadixCache (bench/peers/compare.py, best of the repetitions)", "",
-           "`RadixCache` is SGLang's Python cache, not its default: against the default, `UnifiedRadixCache` on "
-           "its Rust tree core, see `page1_unified.md` (2.9-3.5x at page 1, below the 4x target).", "",
-           "| page | blocks | radixkv req/s | SGLang req/s | radixkv / SGLang | same, medians | radixkv p50 us |"
-           " SGLang p50 us | radixkv hit tokens | SGLang hit tokens | 1-min load |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: r["page_size"]):
-        rk, sg = r["peers"]["radixkv"], r["peers"]["sglang"]
-        out.append(f"| {r['page_size']} | {r['num_blocks']:,} | {rk['requests_per_second']:,.0f} | "
-                   f"{sg['requests_per_second']:,.0f} | {r['speedup']['sglang']:.2f} | "
-                   f"{statistics.median(rk['all_rates']) / statistics.median(sg['all_rates']):.2f} | "
-                   f"{rk['per_request_us']['p50']:.0f} | {sg['per_request_us']['p50']:.0f} | "
-                   f"{rk['hit_tokens']:,} | {sg['hit_tokens']:,} | {r['load_avg_1m']:.1f} |")
-    out += ["", f"Target at page 1: radixkv >= {TARGET_PEER_SPEEDUP}x SGLang. \"radixkv / SGLang\" divides the best rates",
-            "(what compare.py reports), \"same, medians\" the median rates of the repetitions; every rate is in the",
-            "JSON lines (`all_rates`)."]
+    names = {"sglang": "SGLang `RadixCache` (Python)", "sglang-unified": "SGLang `UnifiedRadixCache` (Rust core, its default)"}
+    out = ["## Side by side with SGLang's caches (bench/peers/compare.py)", "",
+           "Each row is one compare.py run (its repetitions alternate the peers in one process); radixkv's",
+           "ratio divides its best rate by the peer's best, and its median rate by the peer's median.", "",
+           "| run | page | blocks | peer | radixkv req/s | peer req/s | radixkv / peer, best | same, medians |"
+           " radixkv p50 us | peer p50 us | hit tokens radixkv / peer | 1-min load |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["page_size"], r.get("tag") or "")):
+        rk = r["peers"]["radixkv"]
+        for peer, name in names.items():
+            if peer not in r["peers"]:
+                continue
+            sg = r["peers"][peer]
+            out.append(f"| {r.get('tag') or ''} | {r['page_size']} | {r['num_blocks']:,} | {name} | "
+                       f"{rk['requests_per_second']:,.0f} | {sg['requests_per_second']:,.0f} | "
+                       f"{rk['requests_per_second'] / sg['requests_per_second']:.2f} | "
+                       f"{statistics.median(rk['all_rates']) / statistics.median(sg['all_rates']):.2f} | "
+                       f"{rk['per_request_us']['p50']:.0f} | {sg['per_request_us']['p50']:.0f} | "
+                       f"{rk['hit_tokens']:,} / {sg['hit_tokens']:,} | {r['load_avg_1m']:.1f} |")
+    for peer, name in names.items():
+        page1 = [r for r in rows if r["page_size"] == 1 and peer in r["peers"]]
+        if page1:
+            best = [r["peers"]["radixkv"]["requests_per_second"] / r["peers"][peer]["requests_per_second"] for r in page1]
+            med = [statistics.median(r["peers"]["radixkv"]["all_rates"]) / statistics.median(r["peers"][peer]["all_rates"])
+                   for r in page1]
+            out += ["", f"Page 1, radixkv / {name}: {min(best):.2f}-{max(best):.2f}x (best), "
+                        f"{min(med):.2f}-{max(med):.2f}x (medians) over {len(page1)} runs; target >= {TARGET_PEER_SPEEDUP}x."]
     return out + [""]
 
 
@@ -132,28 +145,29 @@ def _micro(summaries: list) -> List[str]:
 def render(paths: List[str]) -> str:
     """The markdown page for the rows in ``paths``."""
     rows = _read(paths)
+    revs = sorted({r["pool_rev"] for kind in ("cpu", "cachegrind") for r in rows[kind] if r["pool"] == "old"})
     machine = next((r["machine"] for kind in ("cpu", "cachegrind", "peers") for r in rows[kind]), {})
     lines = ["# Page size 1: block ids as extents in the tree, on a run-based, lazily grown pool (issue 17)", "",
              "Mooncake conversation trace, first 2000 requests, 3M tokens of HBM (2,999,808 blocks at page 1,",
              "187,488 at page 16), LRU, one admit + release per request. \"old\" is radixkv at the revision in",
-             "each row's `pool_rev` (4f3b99b: the run-based pool, each tree node holding one block-id array),",
-             "\"new\" this revision, whose nodes hold their block ids as extents (runs and id segments, moved",
-             "without expanding them); bench/perf/page1.py imports the old package under another name, so both",
-             "run in one process. The previous page (old = the pool before runs, 9ff1979) is in git history.",
+             f"each row's `pool_rev` ({', '.join(revs) or '?'}), \"new\" this revision; bench/perf/page1.py",
+             "imports the old package under another name, so both run in one process. Earlier versions of this",
+             "page (old = the pool before runs, 9ff1979; nodes holding one id array each, 4f3b99b) are in git history.",
              f"Machine: {machine.get('cpu', '?')}, {machine.get('nproc', '?')} CPUs shared with other jobs, "
              f"Python {machine.get('python', '?')}, numpy {machine.get('numpy', '?')}.", "",
              "Regenerate:", "",
-             "    .venv/bin/python bench/perf/page1.py --cachegrind --out bench/results/page1.jsonl",
-             "    .venv/bin/python bench/perf/page1.py --repeat 5 --out bench/results/page1.jsonl",
-             "    for page in 1 16; do   # from the checkout's root, with the peers' venv",
+             f"    .venv/bin/python bench/perf/page1.py --old-rev {'/'.join(revs) or 'REV'} --cachegrind --out bench/results/page1.jsonl",
+             f"    .venv/bin/python bench/perf/page1.py --old-rev {'/'.join(revs) or 'REV'} --repeat 5 --out bench/results/page1.jsonl",
+             "    for run in 1 2 3; do for page in 1 16; do   # from the checkout's root, with the peers' venv",
              "      bench/peers/.venv/bin/python bench/peers/here.py bench/peers/compare.py --traces mooncake_conversation \\",
-             "        --limit 2000 --capacities $((2999808 / page)) --page-size $page --repeat 3 --peers radixkv sglang \\",
-             "        --out bench/results/page1.jsonl",
-             "    done   # (page 16: --capacities 187488)",
+             "        --limit 2000 --capacities $((2999808 / page)) --page-size $page --repeat 3 \\",
+             "        --peers radixkv sglang sglang-unified --tag run$run --out bench/results/page1_unified.jsonl",
+             "    done; done",
              "    RADIXKV_BENCH_PAGE=1 .venv/bin/python -m pytest bench/perf/test_micro.py --benchmark-only \\",
              "        --benchmark-disable-gc -k 'not replay' --benchmark-json /tmp/micro1.json",
              "    .venv/bin/python bench/perf/micro_summary.py /tmp/micro1.json bench/results/micro_page1",
-             "    .venv/bin/python bench/perf/page1.py --table bench/results/page1.jsonl bench/results/micro_page1.json \\",
+             "    .venv/bin/python bench/perf/page1.py --table bench/results/page1.jsonl bench/results/page1_unified.jsonl \\",
+             "        bench/results/micro_page1.json \\",
              "        > bench/results/page1.md",
              "    .venv/bin/python bench/perf/page1.py --pools new --repeat 1 --no-check --profile 25   # cProfile", ""]
     if rows["cachegrind"]:

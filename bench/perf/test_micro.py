@@ -125,7 +125,7 @@ def test_match(benchmark, workload):
     result = benchmark(match)
     assert result.num_tokens > 0
     assert all(path_shape(cache, p)[0] == len(p) // PAGE for p in prompts)  # still full hits
-    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, pages_matched=round(shapes[:, 0].mean(), 1),
+    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, page_size=PAGE, pages_matched=round(shapes[:, 0].mean(), 1),
                                 nodes_crossed=round(shapes[:, 1].mean(), 1))
 
 
@@ -151,7 +151,7 @@ def test_insert(benchmark, workload):
     while held:
         cache.unlock(held.pop())
     cache.check()
-    benchmark.extra_info["cached_blocks"] = cache.num_cached_blocks
+    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, page_size=PAGE)
 
 
 def test_admit(benchmark, workload):
@@ -165,7 +165,7 @@ def test_admit(benchmark, workload):
 
     benchmark.pedantic(admit, setup=setup, rounds=300, iterations=1, warmup_rounds=5)
     assert cache.num_cached_blocks == cache.num_blocks
-    benchmark.extra_info["cached_blocks"] = cache.num_cached_blocks
+    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, page_size=PAGE)
 
 
 def test_evict(benchmark, workload):
@@ -177,7 +177,7 @@ def test_evict(benchmark, workload):
 
     benchmark.pedantic(lambda: cache.evict(NEW_PAGES), setup=setup, rounds=300, iterations=1, warmup_rounds=5)
     cache.admit(workload.new_prompt(NEW_PAGES)).release()
-    benchmark.extra_info["cached_blocks"] = cache.num_cached_blocks
+    benchmark.extra_info.update(cached_blocks=cache.num_cached_blocks, page_size=PAGE)
 
 
 @pytest.fixture(scope="module", params=["mooncake_conversation", "mooncake_synthetic"])
