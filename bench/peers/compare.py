@@ -8,7 +8,8 @@ For each trace (both Mooncake traces) and capacity (187488 and 31248 pages of
 (rotating who goes first) over the same pre-expanded prompts, so machine noise
 hits all alike. Peers: ``radixkv``, ``sglang`` (the Python ``RadixCache``),
 ``sglang-unified`` (SGLang's default cache, ``UnifiedRadixCache`` on its Rust
-tree core) and ``vllm``; ``--peers`` picks some. The rate is taken over the time
+tree core) and ``vllm``; ``--peers`` picks some, or adds ``radixkv-q``: radixkv
+given ``array('q')`` as SGLang is (its conversion inside ``admit`` timed). The rate is taken over the time
 spent in the cache calls; the fastest repetition of each is reported, with
 every rate listed, and radixkv's ratio to each peer both for the fastest and
 for the median repetitions. radixkv runs from this checkout (setup.sh installs
@@ -29,13 +30,19 @@ sys.path.insert(0, HERE)
 
 import _common  # noqa: E402
 from drive_radixkv import replay_radixkv  # noqa: E402
-from drive_sglang import replay_sglang  # noqa: E402
+from drive_sglang import as_array_q, replay_sglang  # noqa: E402
 from drive_sglang_unified import replay_sglang_unified  # noqa: E402
 from drive_vllm import replay_vllm  # noqa: E402
 
 
-PEERS = {"radixkv": replay_radixkv, "sglang": replay_sglang, "sglang-unified": replay_sglang_unified,
-         "vllm": replay_vllm}
+def replay_radixkv_q(prompts, page_size: int, num_blocks: int) -> dict:
+    """radixkv fed the form SGLang's ``Req`` holds, ``array('q')`` (made outside the timed region,
+    as for SGLang's drivers): admit's conversion to its uint32 key is timed."""
+    return replay_radixkv((as_array_q(p) for p in prompts), page_size, num_blocks)
+
+
+PEERS = {"radixkv": replay_radixkv, "radixkv-q": replay_radixkv_q, "sglang": replay_sglang,
+         "sglang-unified": replay_sglang_unified, "vllm": replay_vllm}
 
 
 def main() -> None:
@@ -45,7 +52,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--peers", nargs="+", default=list(PEERS), choices=list(PEERS))
+    parser.add_argument("--peers", nargs="+", default=[p for p in PEERS if p != "radixkv-q"], choices=list(PEERS))
     parser.add_argument("--out", default=None)
     parser.add_argument("--tag", default=None, help="free-form label stored in the JSON line")
     args = parser.parse_args()
