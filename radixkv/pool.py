@@ -18,7 +18,9 @@ cache miss apiece). At page size 1 a request moves ~10^4 ids in a handful of
 runs. The engine moves blocks as extents (:mod:`radixkv.extents`): runs
 come out of :meth:`BlockPool.take_parts` as ``(first, last)`` pairs and go
 back through :meth:`BlockPool.give_back_parts` as such, so no id array is made
-and no run is searched for. Id arrays (a caller's :meth:`give_back`, small
+and no run is searched for; an admission that evicts takes the freed runs
+straight back (:meth:`BlockPool.take_after`: the ids the free stack would hand
+out, without the stack). Id arrays (a caller's :meth:`give_back`, small
 moves under ``_MIN_RUN_IDS`` ids, ids that come back in many short runs) are
 kept as one array segment and scattered once, as a plain free list would, so
 the Python cost of a call is bounded by its number of runs or one segment,
