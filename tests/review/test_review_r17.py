@@ -133,3 +133,24 @@ def test_a_hook_raising_in_abort_loses_no_block(hook):
     policy.fail = observer.fail = ""
     cache.check()
     assert cache.num_free_blocks == 4
+
+
+@pytest.mark.xfail(strict=True, reason="(also at bfe6853) a page observer raising in an eviction after the event "
+                                       "recorder saw the victim: the pages stay cached, their hashes are gone")
+@pytest.mark.parametrize("call", ["admit", "evict"])
+def test_an_observer_raising_mid_eviction_keeps_the_page_hashes_of_the_pages_it_kept(call):
+    """Observers are told in order (the event recorder and its hash index first, then the attached
+    page index); when the page index raises, the victim stays cached but the recorder already
+    dropped its hashes and emitted its removal."""
+    cache = PrefixCache(4, page_size=1, enable_events=True)
+    observer = RaisingObserver()
+    cache.attach_page_index(observer)
+    cache.admit([1, 2, 3]).release()
+    observer.fail = "removed"
+    with pytest.raises(HookError):
+        if call == "admit":
+            cache.admit([5, 6, 7])
+        else:
+            cache.evict(2)
+    observer.fail = ""
+    cache.check()
