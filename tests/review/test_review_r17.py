@@ -99,14 +99,16 @@ def _cache_with_hooks():
     return cache, policy, observer
 
 
-@pytest.mark.xfail(strict=True, reason="(also at bfe6853) a hook raising in admit after the take leaves the "
-                                       "new leaf locked, unprotected or unqueued: check() fails, its blocks never "
-                                       "come back")
+@pytest.mark.xfail(strict=True, reason="(also at bfe6853) a hook raising in admit leaves a leaf unqueued "
+                                       "(priority while the eviction re-ranks a victim's parent; on_insert after the "
+                                       "take) or the new leaf locked by nobody (stored): check() fails")
 @pytest.mark.parametrize("hook", ["on_insert", "stored", "priority"])
-def test_a_hook_raising_in_admit_after_the_eviction_leaves_the_cache_consistent(hook):
+def test_a_hook_raising_in_admit_leaves_the_cache_consistent(hook):
     """A tier's spill or a free-block sink that raises leaves the cache consistent (the admission
-    never happened); a policy hook or page observer raising in the same admission does not:
-    the evicted blocks were taken for the new leaf, which stays locked by an admission nobody holds."""
+    never happened); a policy hook or page observer raising in the same admission does not.
+    ``priority`` raises when the eviction re-ranks the parent of a removed victim (the parent is
+    never queued again); ``on_insert`` and ``stored`` raise after the evicted blocks were taken
+    for the new leaf, which is then unqueued, or locked by an admission nobody holds."""
     cache, policy, observer = _cache_with_hooks()
     cache.admit([1, 2, 3]).release()
     cache.admit([1, 2]).release()
