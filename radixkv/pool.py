@@ -393,11 +393,13 @@ class BlockPool:
         self._state = state
 
     def _id_table(self, end: int) -> bytes:
-        """The ids ``0 .. end - 1`` (or more) as int32 bytes; grows by doubling, at most to
-        ``num_blocks`` ids. Amortized O(1) per id ever tested for a run."""
+        """The ids ``0 .. end - 1`` as int32 bytes, or fewer: the table grows by doubling, at most
+        to the state bytes' length (ids above the high-water mark are then never a run, and a
+        refused call naming ids near ``num_blocks`` costs no table of them). Amortized O(1)
+        per id handed out."""
         table = self._id_bytes
-        if len(table) < _ID_BYTES * end:
-            size = min(max(end, 2 * len(table) // _ID_BYTES, _FIRST_TABLE), self.num_blocks)
+        if len(table) < _ID_BYTES * end and len(table) < _ID_BYTES * len(self._state):
+            size = min(max(end, 2 * len(table) // _ID_BYTES, _FIRST_TABLE), len(self._state))
             table = self._id_bytes = np.arange(size, dtype=BLOCK_DTYPE).tobytes()
         return table
 

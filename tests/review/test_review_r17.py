@@ -2,8 +2,8 @@
 
 Each test states the behaviour radixkv documents and fails on the current code; they are
 marked ``xfail(strict=True)`` until fixed, so a fix turns them into an XPASS failure that
-asks for the mark to go. The first is a regression of the lazy id table; the others fail
-at bfe6853 too (an exception from a hook inside admit or abort).
+asks for the mark to go. The first was a regression of the lazy id table (fixed); the
+others fail at bfe6853 too (an exception from a hook inside admit or abort).
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from radixkv.policies import LRU
 BIG_POOL = 10**7  # int32 ids: a table of all of them is 40 MB (and np.arange makes another 40 MB)
 
 
-@pytest.mark.xfail(strict=True, reason="a run test of ids far above the high-water mark builds the id table "
-                                       "up to them: O(num_blocks) memory, kept, for a refused call")
 @pytest.mark.parametrize("call", ["free", "insert"])
 def test_refusing_consecutive_never_handed_out_ids_costs_what_the_workload_touched(call):
     """The pool costs what the workload touches, not what ``num_blocks`` could hold (pool docs).
 
     Three consecutive ids at the top of a 10^7-block pool, none ever handed out, are refused
-    (they are free, not held); at bfe6853 the run test stopped at the id table, which was as
-    long as the state bytes (~1 kB here), and the refusal cost ~1 MB. Now the lazy id table
-    grows to the highest id tested: 40 MB kept plus 40 MB transient, ~0.3 s, for a typed error.
+    (they are free, not held). The run test stops at the id table, which grows no further than
+    the state bytes (~1 kB here): the refusal costs ~1 MB, not a 40 MB table of ids (plus 40 MB
+    transient, ~0.3 s) that the lazy table built before it was capped.
     """
     cache = PrefixCache(BIG_POOL, page_size=1)
     cache.admit(list(range(100))).release()
