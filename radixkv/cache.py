@@ -714,7 +714,12 @@ class PrefixCache:
             node = self._split(child, common)
         self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
-        leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
+        try:
+            leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
+        except BaseException:  # a hook raised: the caller keeps every block it passed
+            if root.children is None:
+                self._drop_root_if_unused(root)
+            raise
         if self._tenancy is not None:
             path = self._tree.path_blocks(leaf if leaf is not None else node)
             self._tenancy.commit(tenant, self._tenancy.serve(tenant, path[:present])[1], path[present:])
@@ -831,7 +836,12 @@ class PrefixCache:
                 new = self._pool.take_after(dropped, fit - len(private), CACHED)
             else:
                 new = self._pool.take_parts(fit - len(private), CACHED)
-            leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
+            try:
+                leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
+            except BaseException:  # a hook raised: the new pages went back, the admission never happened
+                self._pool.give_back(private)
+                self._unlock_node(node)
+                raise
             if leaf is not None:
                 # The admission's lock moves from node down to the new leaf: the
                 # path above already carries it, only the leaf's pages join.
@@ -1138,7 +1148,12 @@ class PrefixCache:
             blocks = self._pool.take(got)
             if load.payload is not None:
                 self._pool.data[blocks] = load.payload
-            leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            try:
+                leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            except BaseException:  # a hook raised: the loaded pages have nowhere to go
+                self._pool.give_back(blocks)
+                lower.cancel_load(load, root, data, pos)
+                raise
             lower.complete_load(load, use)
             return leaf, pos + got
         finally:
@@ -1202,14 +1217,46 @@ class PrefixCache:
         self._cached += leaf.num_pages
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
-        self._policy.on_insert(leaf, now)
-        if locked:
-            leaf.lock_ref = 1  # born locked (admit): never queued, so no stale heap entry
-        else:
-            self._rank(leaf)
-        for observer in self._observers:
-            observer.stored(leaf)
+        told = -1  # observers told of the leaf, once the policy took it
+        try:
+            self._policy.on_insert(leaf, now)
+            if locked:
+                leaf.lock_ref = 1  # born locked (admit): never queued, so no stale heap entry
+            else:
+                self._rank(leaf)
+            told = 0
+            for observer in self._observers:
+                observer.stored(leaf)
+                told += 1
+        except BaseException:  # a policy hook or an observer raised: the pages are not cached after all
+            self._unadd(leaf, told, already_cached)
+            raise
         return leaf
+
+    def _unadd(self, leaf: Node, told: int, already_cached: bool) -> None:
+        """Undo :meth:`_add_pages` of ``leaf`` after a hook raised: the observers told of it (and
+        the one that raised) hear its pages leave, it leaves the tree, and its blocks go back
+        where they came from: to the free list when they were taken ``already_cached``, else
+        to the caller, held again. Its pages never held KV: left cached, a later match would
+        be served blocks nobody wrote."""
+        node = leaf.parent
+        blocks = leaf.blocks
+        if told >= 0:
+            for observer in self._observers[: told + 1]:
+                try:
+                    observer.removed(blocks)
+                except BaseException:
+                    pass  # the error being raised is the one that made the undo
+        self._victims.discard(leaf)
+        leaf.lock_ref = 0
+        parts = self._tree.truncate(leaf, leaf.num_pages)
+        self._cached -= len(blocks)
+        if already_cached:
+            self._pool.give_back_parts(parts)
+        else:
+            self._pool.set_state(blocks, HELD)
+        if node.parent is not None and node.children is None and not node.lock_ref:
+            self._rank(node)  # a leaf again
 
     def _admit_pages(self, node: Node, data: bytes, start: int, n: int, now: int) -> int:
         """How many of the ``n`` new pages ``start..`` of ``data`` below ``node`` the policy caches.
@@ -1284,10 +1331,7 @@ class PrefixCache:
                 spill(node, k)
             if on_evict is not None:
                 on_evict(node, k, priority)
-            if self._observers:
-                removed = extents.to_array(extents.cut_tail(node.parts, k)[1])
-                for observer in self._observers:
-                    observer.removed(removed)
+            error = self._tell_removed(extents.to_array(extents.cut_tail(node.parts, k)[1])) if self._observers else None
             dropped.extend(tree.truncate(node, k))
             self._cached -= k
             self.evicted_blocks += k
@@ -1302,6 +1346,8 @@ class PrefixCache:
                     rank(parent)
                 elif parent.children is None and not parent.lock_ref:
                     self._drop_root_if_unused(parent)
+            if error is not None:  # an observer raised: the victim left all the same, the eviction stops
+                raise error
 
         try:
             freed = _victims.evict(victims, self._policy, n, rank, take)
@@ -1397,9 +1443,9 @@ class PrefixCache:
                 self._rank(parent)
             else:
                 self._drop_root_if_unused(parent)
-        removed = np.concatenate([n.blocks for n in subtree])
-        for observer in self._observers:
-            observer.removed(removed)
+        # A hook that raises (an observer, the policy's on_evict) is re-raised once every node is
+        # accounted for and the freed blocks are back: the abort itself always completes.
+        error = self._tell_removed(np.concatenate([n.blocks for n in subtree]))
         freed = []
         on_evict = self._on_evict
         for n in subtree:
@@ -1409,7 +1455,10 @@ class PrefixCache:
             if self._expiry:
                 self._expiry.pop(n, None)
             if on_evict is not None:
-                on_evict(n, n.num_pages, None)
+                try:
+                    on_evict(n, n.num_pages, None)
+                except BaseException as exc:
+                    error = error or exc
             if n.lock_ref:
                 self._protected -= n.num_pages
                 self._detached[n] = None
@@ -1420,8 +1469,26 @@ class PrefixCache:
                 freed.append(n.blocks)
                 n.gen = -1
         top.parent = None  # cut only now: the policy's on_evict may walk up to the namespace root
-        if freed:
-            self._give_back(np.concatenate(freed))
+        try:
+            if freed:
+                self._give_back(np.concatenate(freed))
+        finally:
+            if error is not None:
+                raise error
+
+    def _tell_removed(self, blocks: np.ndarray) -> Optional[BaseException]:
+        """Tell every observer that cached ``blocks`` leave; return the first exception one raised.
+
+        Each observer is told whatever the others did (the hash index must forget pages
+        that go even when the page index raises), and the caller removes the pages
+        before it raises the error, so what the observers hold matches the tree."""
+        error = None
+        for observer in self._observers:
+            try:
+                observer.removed(blocks)
+            except BaseException as exc:
+                error = error or exc
+        return error
 
     def _spill(self, node: Node, k: int) -> None:
         """The last ``k`` pages of leaf ``node`` are about to be evicted: the lower layer may demote them."""
