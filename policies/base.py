@@ -44,6 +44,15 @@ O(log n) amortized: a spare is one heap push, and each spare must be paid
 for by an earlier access (a policy must return ``>= 1`` after finitely many
 spares of the same leaf).
 
+**Hooks should not raise; if one does, the engine stays consistent where it
+can.** An ``on_insert`` that raises (or a ``priority`` that raises while the
+new node is ranked) undoes the insert: the new pages leave the cache again
+(their KV was never written), an admission never happened and an insert's
+caller keeps its blocks. An ``on_evict`` raising in an abort is re-raised
+once the abort is complete. A ``priority`` that raises while the victim loop
+re-ranks the parent of a removed leaf leaves that parent out of the victim
+queue: ``PrefixCache.check()`` reports it.
+
 **What a policy may know of a request.** ``on_request(num_pages, hints,
 now)``, when a policy defines it, is called by ``PrefixCache.admit`` before
 the request is matched: its length in full pages and the
