@@ -55,8 +55,8 @@ when the loop needs a victim the engine hands ``choose(nodes)`` the head of
 every non-empty lane (of the lowest retention class) and evicts the one at
 the index it returns; ``on_victim`` applies to that leaf as usual. Cost
 O(L) per victim, on top of the queue's O(log n); a policy with ``lanes = 0``
-(every built-in but ``density``) keeps one queue and pays nothing. A lower
-tier splits its queue the same way.
+(every built-in but ``density`` and ``wa``, which subclasses it) keeps one
+queue and pays nothing. A lower tier splits its queue the same way.
 
 **What a policy may know of a request.** ``on_request(num_pages, hints,
 now)``, when a policy defines it, is called by ``PrefixCache.admit`` before
