@@ -73,7 +73,9 @@ conversation), horizons x0.5 and x2, halves or eighths instead of quarters,
 exponential forgetting of the statistics (x0.99 per refit), windows
 interpolated inside their bin, a category for new pages that extend a cached
 chain, ``min_pages`` 100 (conversation 16.8-18.2%, synthetic 12.9-16.1%:
-none raised both halves). Output edges were compared before without lanes
+none raised both halves); with the chosen edges, a ghost of 3x, 5x or 6x
+(conversation 16.7-18.5%) and the last page of a request as a fifth
+position class (18.9% / 10.6%). Output edges were compared before without lanes
 (24/128, 32/96, 32/256, 48/160, 64, 16/64/256: 32/128 best on the
 synthetic first half). The one-point rule against LRU (1M / 3M / 9M tokens,
 page 16 and 512, whole trace and second half, both traces) was checked on
@@ -82,6 +84,14 @@ the whole traces after the choice, not used to choose: worst -0.31 points
 ``mix`` workload (:mod:`radixkv.workload.generators`, seeds 1 and 7, 3,000
 requests, 4,000 pages of 16 tokens), which nothing was chosen on: 62.6% and
 61.8% token hit rate against LRU's 56.6% and 55.8%.
+
+What limits it on the conversation trace (3M tokens, block level, whole
+trace): with every first-use window set to 0 (first uses in LRU order, only
+the pages used again kept for their window) it still closes 19.9% of the
+gap, against 20.9%: the classes' survival fits are worth about one point of
+the gap there, the rest is the split between first uses and pages used
+again (:mod:`.ghost`). The features above do not tell a first turn that
+will continue from one that will not.
 
 Sources: Beckmann, Chen & Cidon, "LHD: Improving cache hit rate by
 maximizing hit density" (NSDI'18): hit density and per-class age
