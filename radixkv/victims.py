@@ -197,10 +197,7 @@ class LaneQueue:
                 return heads[self._choose([e[-1] for e in heads])]
         return heads[0] if heads else None
 
-    def peek(self) -> Optional[Node]:
-        """The leaf :meth:`head` chooses, without removing it."""
-        entry = self.head()
-        return None if entry is None else entry[-1]
+    peek = VictimQueue.peek  # the leaf head() chooses, without removing it
 
     def peek_key(self) -> Any:
         """Key of :meth:`peek`'s leaf (``None`` when empty)."""
