@@ -53,6 +53,20 @@ once the abort is complete. A ``priority`` that raises while the victim loop
 re-ranks the parent of a removed leaf leaves that parent out of the victim
 queue: ``PrefixCache.check()`` reports it.
 
+**Lanes: choosing the victim among candidates.** A static key cannot
+express "evict the page whose score is lowest *now*" when scores move with
+age, each class along its own curve (hit density). A policy that sets
+``lanes = L >= 1`` splits the engine's victim queue into ``L`` lanes
+(:class:`radixkv.victims.LaneQueue`): ``lane(node)`` (``0 <= lane < L``,
+read whenever the leaf is ranked, so it may change only where the priority
+may) says which lane a leaf queues in, ``priority`` orders each lane, and
+when the loop needs a victim the engine hands ``choose(nodes)`` the head of
+every non-empty lane (of the lowest retention class) and evicts the one at
+the index it returns; ``on_victim`` applies to that leaf as usual. Cost
+O(L) per victim, on top of the queue's O(log n); a policy with ``lanes = 0``
+(every built-in but ``density`` and ``wa``, which subclasses it) keeps one
+queue and pays nothing. A lower tier splits its queue the same way.
+
 **What a policy may know of a request.** ``on_request(num_pages, hints,
 now)``, when a policy defines it, is called by ``PrefixCache.admit`` before
 the request is matched: its length in full pages and the
@@ -153,6 +167,19 @@ class EvictionPolicy:
     #: (``num_pages * page_size`` uint32 values). Called before the engine evicts anything for
     #: them, so declined pages cost no eviction. ``None``: every new page is cached, at no cost.
     admit: Optional[Callable[[Node, int, int, memoryview], int]] = None
+
+    #: Lanes of the victim queue (see the module docstring); ``0``: one queue ranked by
+    #: :meth:`priority` alone, and :meth:`lane` and :meth:`choose` are never called.
+    lanes: int = 0
+
+    def lane(self, node: Node) -> int:
+        """With ``lanes >= 1``: the lane ``node`` queues in, ``0 <= lane < lanes``. Must be cheap."""
+        return 0
+
+    def choose(self, heads: Sequence[Node]) -> int:
+        """With ``lanes >= 1``: the index in ``heads`` (the heads of two or more non-empty lanes,
+        one retention class) of the leaf to evict next. O(len(heads)) expected."""
+        return 0
 
     #: Optional request notice, ``on_request(num_pages, hints, now)``: see the module docstring.
     on_request: Optional[Callable[[int, Optional[RequestHints], int], None]] = None

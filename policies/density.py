@@ -1,57 +1,97 @@
 """Predicted hit density: first uses ranked by expected hits per page-tick, pages used again kept ahead of them.
 
 **Rule.** Each page has a class at every use (uses so far, capped at 4 x
-quarter of its request x request-length bucket, optionally x output-length
-bucket; :mod:`.reuse`). Every ``refit_every`` ticks the policy fits, per
-class, the survival ``S`` of the time between successive uses of a page
-(Kaplan-Meier over half-power-of-two bins of clock ticks; a page the ghost
-forgot, or not used again yet, counts as censored at its age) and scores a
-page of class ``c`` and age ``a`` by its hit density over the horizon ``H``
-(the cache's eviction age)::
+quarter of its request x request-length bucket x output-length bucket;
+:mod:`.reuse`). Every ``refit_every`` ticks the policy fits, per class, the
+survival ``S`` of the time between successive uses of a page (Kaplan-Meier
+over half-power-of-two bins of clock ticks; a page the ghost forgot, or not
+used again yet, counts as censored at its age) and scores a page of class
+``c`` and age ``a`` by its hit density over the horizon ``H`` (the cache's
+eviction age)::
 
     (S(a) - S(a + H)) / integral of S over [a, a + H]
 
 the expected hits per page-tick it will occupy. A page used once is kept
-until the age at which the best density its class can still reach falls
-below the margin of the room first uses hold now (its deadline, made static
-as in :mod:`.reuse`); pages used twice or more (in the cache or remembered
-by the ghost) share one window, the 99th percentile of their observed reuse
-gaps and at least any first use's, so they are LRU among themselves and
-outrank first uses. LRU until enough history exists (``min_pages``
-observed pages).
+for its class's window: until the age at which the best density its class
+can still reach falls below the margin of the room first uses hold now;
+pages used twice or more (in the cache or remembered by the ghost) share
+one window, the 99th percentile of their observed reuse gaps and at least
+any first use's, so they are LRU among themselves and outrank first uses.
+The victim is the page whose deadline (last use + window) is earliest under
+the windows of the latest fit. LRU until enough history exists
+(``min_pages`` observed pages).
+
+**Class lanes** (``class_lanes``, on by default). Pages of one class share
+a window, so within a class the deadline order is the last-use order: the
+policy queues each leaf in its tail page's class lane (one lane per
+first-use class, one for the pages used again; the engine's lane seam,
+:class:`~radixkv.victims.LaneQueue`), each lane in last-use order, and at
+eviction compares the lanes' heads by their deadlines under the current
+windows (:meth:`HitDensity.choose`). A refit that shortens or lengthens a
+class's window reorders its pages at once. Without lanes, a deadline is
+computed at the page's last use and may only rise (a surfacing victim is
+re-ranked when a refit lengthened its window, ``rerank``, :mod:`.reuse`);
+a shortened one waits for its old rank. Cost: O(busy lanes) per victim
+(at most ``4 x categories + 1``), on top of the queue's O(log n).
 
 **Why.** On prefix-cache traces reuse depends most on whether a page was
 used before (remembered past eviction by the ghost: on the Mooncake
 conversation trace a page seen once is reused 26% of the time, twice 42%),
-then on where it sits in its request and on the request's length; reuse
-gaps are broad and multi-modal, so a survival curve per class ranks first
-uses better than one window for all. Ranking the pages used again by their
-classes' densities too lost 4 points of hit rate on the Mooncake synthetic
-trace at 3M tokens (their densities fall fast once the typical gap passed,
-but a page that proved reusable keeps coming back), and keeping them ahead of
-first uses without a window lost 3.5 points on the conversation trace at 9M
-tokens (dead sessions fill a large cache): hence one window, 2Q's rule.
+then on where it sits in its request, on the request's length and, on
+synthetic-like traffic, on its output length (short answers mark multi-turn
+and document-QA requests); reuse gaps are broad and multi-modal, so a
+survival curve per class ranks first uses better than one window for all.
+Ranking the pages used again by their classes' densities too lost 4 points
+of hit rate on the Mooncake synthetic trace at 3M tokens (their densities
+fall fast once the typical gap passed, but a page that proved reusable
+keeps coming back), and keeping them ahead of first uses without a window
+lost 3.5 points on the conversation trace at 9M tokens (dead sessions fill a
+large cache): hence one window, 2Q's rule. Output buckets without lanes fell
+3.95 points below LRU on the conversation trace at 9M tokens, page 16
+(second half), likely because a deadline computed under an earlier, longer
+window of the extra classes kept its rank; with lanes (the current windows)
+that cell is 0.30 points below LRU.
 
-A leaf that surfaces as the victim is re-ranked by its deadline under the
-current windows when a refit lengthened it (``rerank``, :mod:`.reuse`).
+**Defaults** (``length_edges`` 2K/8K/32K tokens, ``output_edges`` 32/128
+tokens, ``refit_every`` 200, ``min_pages`` 200, a ghost of 4x the capacity,
+class lanes on) were chosen on the first half of each Mooncake trace at 3M
+tokens, block level (page 512, 5,859 blocks), by the share of that half's
+LRU-Belady gap: 18.7% (conversation) and 15.4% (synthetic), against 18.2%
+and 13.0% for the earlier defaults (no lanes, no output buckets, length
+edges 4K/16K/64K, re-ranking). With lanes: no output buckets 18.3% / 12.8%;
+output buckets with length edges 4K/16K/64K 17.9% / 15.0%, 1K/4K/16K
+16.4% / 15.1%, 2K/8K 16.7% / 14.0%, 2K/16K 16.2% / 15.1%, 2K/4K/8K/32K
+16.9% / 15.4%, 8K/32K 17.0% / 15.4%. Compared there (with output buckets
+and the 4K/16K/64K edges unless said) and not taken: lanes
+ranked by the density now (16.7% / 12.0% without output buckets, 16.4% /
+20.2% with) or by the best density still reachable (18.2% / 12.5%; 16.7% /
+14.0%) instead of deadlines; pages used again in per-class lanes ranked by
+density (9.0-13.4% / 3.2-7.8%); first-use windows x0.5, x2, x4 and the
+reused window at the 80th or 90th percentile (conversation 14.1-17.5%);
+refits every 100 (16.7% / 19.6%), a ghost of 2x or 8x (14.2%, 17.5%
+conversation), horizons x0.5 and x2, halves or eighths instead of quarters,
+exponential forgetting of the statistics (x0.99 per refit), windows
+interpolated inside their bin, a category for new pages that extend a cached
+chain, ``min_pages`` 100 (conversation 16.8-18.2%, synthetic 12.9-16.1%:
+none raised both halves); with the chosen edges, a ghost of 3x, 5x or 6x
+(conversation 16.7-18.5%) and the last page of a request as a fifth
+position class (18.9% / 10.6%). Output edges were compared before without lanes
+(24/128, 32/96, 32/256, 48/160, 64, 16/64/256: 32/128 best on the
+synthetic first half). The one-point rule against LRU (1M / 3M / 9M tokens,
+page 16 and 512, whole trace and second half, both traces) was checked on
+the whole traces after the choice, not used to choose: worst -0.31 points
+(conversation, 9M tokens, block level, second half). On the generated
+``mix`` workload (:mod:`radixkv.workload.generators`, seeds 1 and 7, 3,000
+requests, 4,000 pages of 16 tokens), which nothing was chosen on: 62.6% and
+61.8% token hit rate against LRU's 56.6% and 55.8%.
 
-**Defaults** (``length_edges`` 4K/16K/64K tokens, no output buckets,
-``refit_every`` 200, ``min_pages`` 200, a ghost of 4x the capacity,
-re-ranking on) were compared on the first half of each Mooncake trace at
-3M tokens, block level (neighbours: length edges 2K/8K/32K and 8K/32K,
-horizons x0.5 to x4, a ghost of 8x, refits every 50 and 100, ``min_pages``
-100, the reused window at the 90th to 99.9th percentile: none raised both
-first halves). Re-ranking raises the first halves' share of the LRU-Belady
-gap from 17.0% to 18.2% (conversation) and from 9.9% to 13.0%
-(synthetic). Output edges 32/128 take the synthetic first half to 20.5%
-(24/128, 32/96, 32/256, 48/160, 64, 16/64/256: 14.7-20.1%), but on the
-conversation trace at 9M tokens, page 16, they fall 3.95 points of hit rate
-below LRU (second half): off by default; ``output_edges=(32, 128)`` suits
-traffic like the synthetic trace's. The rule for pages used again was
-chosen between the three above on the whole traces (3M and 9M tokens). On
-the generated ``mix`` workload (:mod:`radixkv.workload.generators`, seeds 1
-and 7, 3,000 requests, 4,000 pages of 16 tokens), which nothing was chosen
-on: 62.6% and 61.9% token hit rate against LRU's 56.6% and 55.8%.
+What limits it on the conversation trace (3M tokens, block level, whole
+trace): with every first-use window set to 0 (first uses in LRU order, only
+the pages used again kept for their window) it still closes 19.9% of the
+gap, against 20.9%: the classes' survival fits are worth about one point of
+the gap there, the rest is the split between first uses and pages used
+again (:mod:`.ghost`). The features above do not tell a first turn that
+will continue from one that will not.
 
 Sources: Beckmann, Chen & Cidon, "LHD: Improving cache hit rate by
 maximizing hit density" (NSDI'18): hit density and per-class age
@@ -68,7 +108,7 @@ import numpy as np
 from radixkv.errors import ArgumentValueError
 
 from .base import RequestHints
-from .reuse import BINS, EDGES, ClassDeadline, bucket
+from .reuse import BINS, EDGES, QUARTERS, ClassDeadline, bucket
 
 
 def hit_density(survival: np.ndarray, horizon: float) -> np.ndarray:
@@ -98,20 +138,32 @@ class HitDensity(ClassDeadline):
 
     Args:
         length_edges: request-length class boundaries, in tokens (increasing).
-        output_edges: output-length class boundaries, in tokens (increasing; none by default).
+        output_edges: output-length class boundaries, in tokens (increasing; ``()``: no output classes).
+            A request without an output length falls in the first bucket.
         refit_every, min_pages, history_size: as :class:`~.reuse.ClassDeadline`.
+        class_lanes: queue each leaf in its tail class's lane and evict by the deadlines of the
+            current windows (see the module docstring); ``False``: one static queue, deadlines
+            computed at the last use and re-ranked upward only.
     """
 
     name = "density"
     protect_reused = True
     rerank = True
 
-    def __init__(self, length_edges: Sequence[int] = (4096, 16384, 65536), output_edges: Sequence[int] = (),
-                 refit_every: int = 200, min_pages: int = 200, history_size: Optional[int] = None) -> None:
+    def __init__(self, length_edges: Sequence[int] = (2048, 8192, 32768), output_edges: Sequence[int] = (32, 128),
+                 refit_every: int = 200, min_pages: int = 200, history_size: Optional[int] = None,
+                 class_lanes: bool = True) -> None:
         self.length_edges = _edges("length_edges", length_edges, empty=False)
         self.output_edges = _edges("output_edges", output_edges, empty=True)
+        if class_lanes.__class__ is not bool:
+            raise ArgumentValueError(f"class_lanes must be a bool, got {class_lanes!r}")
         self._page_size = 1
         super().__init__(refit_every, min_pages, history_size)
+        self.class_lanes = class_lanes
+        self._first = QUARTERS * self.categories  # classes 0 .. _first - 1 are first uses
+        if class_lanes:
+            self.lanes = self._first + 1  # a lane per first-use class, one for the pages used again
+            self.rerank = False  # each lane is in last-use order and compared under the current windows
 
     def num_categories(self) -> int:
         return (len(self.length_edges) + 1) * (len(self.output_edges) + 1)
@@ -129,3 +181,26 @@ class HitDensity(ClassDeadline):
 
     def score(self, survival: np.ndarray, events: np.ndarray, horizon: float) -> np.ndarray:
         return hit_density(survival, horizon)
+
+    # ------------------------------------------------------------ class lanes
+    def priority(self, node):
+        if self.class_lanes:
+            return node.policy_state[0]  # last use: a lane holds one window, so this is its deadline order
+        return super().priority(node)
+
+    def lane(self, node) -> int:
+        cls = self._tail_class(node)
+        return cls if cls < self._first else self._first
+
+    def choose(self, heads) -> int:
+        """The head with the earliest deadline under the current windows (last use + its class's
+        window; ties: the older use, then the lower class). O(len(heads))."""
+        windows = self._window_list
+        best_i, best = 0, None
+        for i, node in enumerate(heads):
+            last = node.policy_state[0]
+            cls = self._tail_class(node)
+            key = (last + windows[cls], last, cls)
+            if best is None or key < best:
+                best_i, best = i, key
+        return best_i

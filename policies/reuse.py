@@ -374,6 +374,12 @@ class ClassDeadline(GhostPolicy):
         state = node.policy_state
         return (0 if node.end <= state[1] else 1), quarter(node.end - 1, state[4])
 
+    def _tail_class(self, node: Node) -> int:
+        """Class of ``node``'s tail page (the pages :meth:`on_victim` lets go first). O(1)."""
+        seg, q = self._tail(node)
+        state = node.policy_state
+        return self.class_of(state[3] if seg else state[2], q, state[5])
+
     def priority(self, node: Node) -> float:
         seg, q = self._tail(node)
         return node.policy_state[6][seg * QUARTERS + q]
@@ -396,8 +402,8 @@ class ClassDeadline(GhostPolicy):
     def on_evict(self, node: Node, pages: int, rank: Any) -> None:
         last, boundary, head_uses, tail_uses, request_pages, cat, _ = node.policy_state
         depth = node.end - pages
-        seg, q = self._tail(node)
-        cls = self.class_of(tail_uses if seg else head_uses, q, cat)
+        seg, _ = self._tail(node)
+        cls = self._tail_class(node)
         self.history.remember(node, depth, node.end, (last, tail_uses if seg else head_uses, cls))
         if rank is not None and self._best is not None:
             now = self.now()

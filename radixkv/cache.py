@@ -34,7 +34,7 @@ from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
 from .tree import Node, RadixTree, Root
 from . import tenancy as _tenancy
 from . import victims as _victims
-from .victims import VictimQueue, rank_key
+from .victims import make_queue, rank_key
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
 
@@ -290,7 +290,7 @@ class PrefixCache:
         self.page_size = page_size
         self._pool = BlockPool(num_blocks, page_size, kv_shape, dtype)
         self._tree = RadixTree(page_size)
-        self._victims = VictimQueue()
+        self._victims = make_queue(self._policy)
         self._clock = 0
         self._cached = 0
         self._protected = 0
@@ -990,7 +990,7 @@ class PrefixCache:
         for _, root in self._tree.roots():  # handles to them outlive the reset: they must find nothing
             root.children = None
         self._tree = RadixTree(self.page_size)
-        self._victims = VictimQueue()
+        self._victims = make_queue(self._policy)
         self._cached = 0
         self._expiry.clear()
         self._expiry_heap.clear()

@@ -125,6 +125,100 @@ class VictimQueue:
         heapq.heapify(self._heap)
 
 
+class LaneQueue:
+    """A victim queue split into lanes, for a policy that chooses its victim among the lanes' heads.
+
+    The policy (``lanes >= 1``, see :class:`~radixkv.policies.EvictionPolicy`)
+    puts each leaf in a lane (``policy.lane(node)``, read whenever the leaf is
+    ranked, like its priority); every lane is a queue of its own (``make``:
+    :class:`VictimQueue` or a tier's subclass), ordered by the usual key. The
+    head is the head of one lane: among the lanes' heads of the lowest retention
+    class, the one ``policy.choose(nodes)`` picks. This lets a policy compare
+    its classes' oldest pages by a score that moves with their age (hit
+    density now), which one static key cannot.
+
+    Entries are ``(*key, lane, entry_id, node)``: the lane sits after the key,
+    so it orders nothing within a lane and names the lane to leave on a
+    discard or a move. Cost: a lane's push and discard as
+    :class:`VictimQueue`'s; :meth:`head` O(lanes + log n) amortized.
+    """
+
+    __slots__ = ("_lanes", "_lane", "_choose", "_sizes", "_busy")
+
+    def __init__(self, policy: Any, make: Callable[[], VictimQueue] = VictimQueue) -> None:
+        self._lanes = [make() for _ in range(policy.lanes)]
+        self._lane = policy.lane
+        self._choose = policy.choose
+        self._sizes = [0] * policy.lanes
+        self._busy: dict = {}  # lanes holding a live entry (insertion-ordered: head() visits only these)
+
+    def __len__(self) -> int:
+        """Live entries (evictable leaves). O(lanes)."""
+        return sum(self._sizes)
+
+    def _gain(self, lane: int) -> None:
+        self._sizes[lane] += 1
+        if self._sizes[lane] == 1:
+            self._busy[lane] = None
+
+    def _lose(self, lane: int) -> None:
+        self._sizes[lane] -= 1
+        if not self._sizes[lane]:
+            del self._busy[lane]
+
+    def push(self, node: Node, key: Tuple[Any, ...]) -> None:
+        """Enter ``node`` with ``key`` in the lane the policy gives it, leaving its old lane. As :meth:`VictimQueue.push`."""
+        lane = self._lane(node)
+        current = node.heap_id
+        if not current:
+            self._gain(lane)
+        elif current[-3] != lane:
+            self._lanes[current[-3]].discard(node)
+            self._lose(current[-3])
+            self._gain(lane)
+        self._lanes[lane].push(node, key + (lane,))
+
+    def discard(self, node: Node) -> None:
+        """Drop ``node``'s entry if it has one. O(1)."""
+        current = node.heap_id
+        if current:
+            self._lanes[current[-3]].discard(node)
+            self._lose(current[-3])
+
+    def head(self) -> Optional[Entry]:
+        """The entry of the leaf the policy chooses among the heads of the lanes that hold one, of the
+        lowest retention class (``None`` when empty). O(busy lanes + log n) amortized, plus ``choose``."""
+        lanes = self._lanes
+        heads = [lanes[i].head() for i in self._busy]
+        if len(heads) > 1:
+            lowest = min(e[0] for e in heads)
+            heads = [e for e in heads if e[0] == lowest]
+            if len(heads) > 1:
+                return heads[self._choose([e[-1] for e in heads])]
+        return heads[0] if heads else None
+
+    peek = VictimQueue.peek  # the leaf head() chooses, without removing it
+
+    def peek_key(self) -> Any:
+        """Key of :meth:`peek`'s leaf (``None`` when empty)."""
+        entry = self.head()
+        return None if entry is None else entry[:-3]
+
+    def entries(self) -> Iterator[Tuple[Any, Node]]:
+        """Live ``(key, node)`` pairs in no particular order (for checks); a leaf found in a lane other
+        than the one the policy gives it raises ``AssertionError``."""
+        for lane, q in enumerate(self._lanes):
+            for key, node in q.entries():
+                assert key[-1] == lane == self._lane(node), f"{node} queued in lane {lane}, not its own"
+                yield key[:-1], node
+
+
+def make_queue(policy: Any, make: Callable[[], VictimQueue] = VictimQueue) -> Any:
+    """The victim queue for ``policy``: ``make()`` (one queue, the usual case, at no extra cost), or a
+    :class:`LaneQueue` of them when the policy has lanes (``policy.lanes >= 1``). O(lanes)."""
+    return LaneQueue(policy, make) if getattr(policy, "lanes", 0) else make()
+
+
 DEPTH_BASE = 256
 """See :func:`rank_key`: the depth term is ``DEPTH_BASE - end`` rather than ``-end``."""
 

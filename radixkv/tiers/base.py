@@ -24,7 +24,7 @@ from .. import policies as _policies
 from ..errors import RadixKVError
 from ..keys import check_positive_int
 from ..tree import Node
-from ..victims import VictimQueue
+from ..victims import VictimQueue, make_queue
 
 SLOT_DTYPE = np.dtype(np.int64)
 NO_SLOTS = np.empty(0, dtype=SLOT_DTYPE)
@@ -141,7 +141,7 @@ class Tier:
         if self.policy.offline:
             raise TierConfigError(f"a lower tier needs an online policy; {self.policy.name!r} is offline "
                                   f"(it ranks by the future of HBM's requests), got policy={policy!r}")
-        self.victims: VictimQueue = TierQueue()
+        self.victims: VictimQueue = make_queue(self.policy, TierQueue)
         self.used = 0
         """Slots holding a page. O(1)."""
         self.page_shape: Optional[Tuple[int, ...]] = None

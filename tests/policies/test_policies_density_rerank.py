@@ -1,4 +1,4 @@
-"""density re-ranks a victim by the current windows: exact orders when a refit lengthened or shortened them."""
+"""density without class lanes re-ranks a victim by the current windows: exact orders when a refit lengthened or shortened them."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _spares(policy: HitDensity) -> list:
 
 
 def test_a_window_lengthened_since_the_last_use_raises_the_victims_rank():
-    policy = HitDensity(output_edges=(32, 128), refit_every=10**6)
+    policy = HitDensity(output_edges=(32, 128), refit_every=10**6, class_lanes=False)
     _set(policy, 0.0)
     cache = PrefixCache(num_blocks=8, page_size=1, policy=policy)
     cache.admit([1], hints=LONG).release()  # t1: deadline 1 under the windows of t1
@@ -61,7 +61,7 @@ def test_a_window_lengthened_since_the_last_use_raises_the_victims_rank():
 
 
 def test_a_window_shortened_since_the_last_use_keeps_the_older_rank():
-    policy = HitDensity(output_edges=(32, 128), refit_every=10**6)
+    policy = HitDensity(output_edges=(32, 128), refit_every=10**6, class_lanes=False)
     _set(policy, 100.0)
     cache = PrefixCache(num_blocks=8, page_size=1, policy=policy)
     cache.admit([1], hints=LONG).release()  # t1: deadline 101
@@ -75,7 +75,7 @@ def test_a_window_shortened_since_the_last_use_keeps_the_older_rank():
 
 
 def test_without_rerank_the_deadline_of_the_last_use_stands():
-    policy = HitDensity(output_edges=(32, 128), refit_every=10**6)
+    policy = HitDensity(output_edges=(32, 128), refit_every=10**6, class_lanes=False)
     policy.rerank = False
     _set(policy, 0.0)
     cache = PrefixCache(num_blocks=8, page_size=1, policy=policy)
