@@ -3,8 +3,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixkv.tree import Node
 from radixkv.victims import LaneQueue
+
+from .test_victims import make_nodes
 
 
 class _Chooser:
@@ -22,15 +23,6 @@ class _Chooser:
         return min(range(len(heads)), key=lambda i: (self.score[heads[i]], self.lane_of[heads[i]]))
 
 
-def _nodes(n):
-    out = []
-    for _ in range(n):
-        node = Node.__new__(Node)
-        node.heap_id = 0
-        out.append(node)
-    return out
-
-
 ops = st.lists(st.one_of(
     st.tuples(st.just("push"), st.integers(0, 9), st.integers(0, 2), st.integers(0, 1), st.integers(-3, 3)),
     st.tuples(st.just("discard"), st.integers(0, 9)),
@@ -40,7 +32,7 @@ ops = st.lists(st.one_of(
 
 @given(ops)
 def test_lane_queue_head_is_the_choice_among_lane_heads(steps):
-    policy, nodes = _Chooser(3), _nodes(10)
+    policy, nodes = _Chooser(3), make_nodes(10)
     q = LaneQueue(policy)
     live: dict = {}  # node index -> (key, lane, push number)
     pushes = 0

@@ -6,35 +6,10 @@ import pytest
 
 from radixkv import PrefixCache, policies
 from radixkv.errors import ArgumentValueError
-from radixkv.policies import RequestHints
 from radixkv.policies.density import HitDensity
 from radixkv.victims import LaneQueue, VictimQueue, make_queue
 
-from ..strategies import cached_pages
-
-LONG = RequestHints(output_length=200)  # output bucket 2 of the default edges (32, 128)
-SHORT = RequestHints(output_length=5)  # output bucket 0
-
-
-def _set(policy: HitDensity, long_window: float) -> None:
-    """Window ``long_window`` for every class of the long-output category, 0 for the others."""
-    assert policy.category(1, LONG) == 2 and policy.category(1, SHORT) == 0
-    policy.windows = [long_window if c == 2 else 0.0
-                      for u in range(1, 5) for q in range(4) for c in range(policy.categories)]
-
-
-def _order(cache: PrefixCache) -> list:
-    before = {k[1] for k in cached_pages(cache)}
-    order = []
-    while before:
-        assert cache.evict(1) == 1
-        cache.check()
-        after = {k[1] for k in cached_pages(cache)}
-        (gone,) = before - after
-        order.append(gone)
-        before = after
-    return order
-
+from .test_policies_density_rerank import LONG, SHORT, _order, _set
 
 def _three(policy: HitDensity) -> PrefixCache:
     cache = PrefixCache(num_blocks=8, page_size=1, policy=policy)
