@@ -49,9 +49,9 @@ can.** An ``on_insert`` that raises (or a ``priority`` that raises while the
 new node is ranked) undoes the insert: the new pages leave the cache again
 (their KV was never written), an admission never happened and an insert's
 caller keeps its blocks. An ``on_evict`` raising in an abort is re-raised
-once the abort is complete. A ``priority`` that raises while the victim loop
-re-ranks the parent of a removed leaf leaves that parent out of the victim
-queue: ``PrefixCache.check()`` reports it.
+once the abort is complete. A leaf whose ``priority`` raised while it was
+re-ranked leaves the victim queue for a pending set that the next eviction
+ranks first (raising again while the policy does): it is never lost track of.
 
 **Lanes: choosing the victim among candidates.** A static key cannot
 express "evict the page whose score is lowest *now*" when scores move with

@@ -305,6 +305,7 @@ class PrefixCache:
         self._expiry_heap: list = []  # (expires_at, seq, node); entries not in _expiry are stale
         self._expiry_seq = itertools.count()
         self._detached: dict = {}  # aborted node -> None while another holder still protects it
+        self._unranked: dict = {}  # leaf -> None whose priority raised: ranked before the next eviction
         self._detached_blocks = 0
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
@@ -930,8 +931,10 @@ class PrefixCache:
             assert nid in evictable_leaves, f"victim queue holds {node}, which is not an evictable leaf"
             rank = rank_key(self._policy.priority, node)
             assert key == rank, f"{node} queued at {key}, current rank {rank}"
-        missing = [n for nid, n in evictable_leaves.items() if nid not in live]
+        missing = [n for nid, n in evictable_leaves.items() if nid not in live and n not in self._unranked]
         assert not missing, f"evictable leaves missing from the victim queue: {missing[:5]}"
+        for node in self._unranked:
+            assert node.heap_id == 0, f"{node} waits to be ranked and is queued"
         for node, count in self._pins.items():
             assert node.alive and count > 0, f"pinned node {node} is gone or holds {count} pins"
             assert node.lock_ref >= count, f"pinned node {node} has lock_ref {node.lock_ref} < {count} pins"
@@ -991,6 +994,7 @@ class PrefixCache:
             root.children = None
         self._tree = RadixTree(self.page_size)
         self._victims = make_queue(self._policy)
+        self._unranked.clear()
         self._cached = 0
         self._expiry.clear()
         self._expiry_heap.clear()
@@ -1303,9 +1307,29 @@ class PrefixCache:
                     self._rank(node)
 
     def _rank(self, node: Node) -> None:
-        """(Re-)queue ``node`` if it is an evictable leaf."""
+        """(Re-)queue ``node`` if it is an evictable leaf.
+
+        If the policy's ``priority`` raises, the leaf leaves the queue (its entry is at a
+        rank no longer its own) for the pending set, which the next eviction ranks first
+        (:meth:`_rank_pending`), and the error propagates: no evictable leaf is lost track of.
+        """
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
-            self._victims.push(node, rank_key(self._policy.priority, node))
+            try:
+                key = rank_key(self._policy.priority, node)
+            except BaseException:
+                self._victims.discard(node)
+                self._unranked[node] = None
+                raise
+            self._victims.push(node, key)
+            if self._unranked:
+                self._unranked.pop(node, None)
+
+    def _rank_pending(self) -> None:
+        """Rank the leaves whose priority raised before (raises again if it still does)."""
+        for node in list(self._unranked):
+            del self._unranked[node]
+            if node.alive:
+                self._rank(node)
 
     def _evict(self, n: int) -> int:
         """Evict up to ``n`` pages through the victim loop (:func:`radixkv.victims.evict`); return pages
@@ -1322,6 +1346,8 @@ class PrefixCache:
         back on the free list."""
         if self._expiry_heap:
             self._expire()
+        if self._unranked:
+            self._rank_pending()
         victims, tree = self._victims, self._tree
         on_evict, spill, rank = self._on_evict, self._spill, self._rank
         dropped = []  # extents go back to the pool in one batch at the end

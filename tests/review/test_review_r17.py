@@ -97,14 +97,12 @@ def _cache_with_hooks():
     return cache, policy, observer
 
 
-@pytest.mark.parametrize("hook", ["on_insert", "stored", pytest.param("priority", marks=pytest.mark.xfail(
-    strict=True, reason="(also at bfe6853) priority raising while the eviction re-ranks a removed victim's parent: "
-                        "the parent, an evictable leaf, is never queued again; check() fails"))])
+@pytest.mark.parametrize("hook", ["on_insert", "stored", "priority"])
 def test_a_hook_raising_in_admit_leaves_the_cache_consistent(hook):
     """A tier's spill or a free-block sink that raises leaves the cache consistent (the admission
     never happened); so does a policy hook or page observer raising in the same admission.
-    ``priority`` raises when the eviction re-ranks the parent of a removed victim (the parent is
-    never queued again); ``on_insert`` and ``stored`` raise after the evicted blocks were taken
+    ``priority`` raises when the eviction re-ranks the parent of a removed victim (the parent
+    waits to be ranked by the next eviction); ``on_insert`` and ``stored`` raise after the evicted blocks were taken
     for the new leaf, which leaves the cache again (its pages hold no KV), its blocks free."""
     cache, policy, observer = _cache_with_hooks()
     cache.admit([1, 2, 3]).release()
@@ -117,6 +115,22 @@ def test_a_hook_raising_in_admit_leaves_the_cache_consistent(hook):
     cache.check()
     assert cache.protected_blocks == 0
     assert cache.num_free_blocks + cache.evictable_blocks == 4  # every block can still be used
+
+
+def test_a_leaf_whose_priority_raised_is_ranked_by_the_next_eviction():
+    """The parent the eviction could not re-rank waits in the pending set: the next eviction
+    ranks it and can take it, so every unprotected page stays evictable."""
+    cache, policy, _ = _cache_with_hooks()
+    cache.admit([1, 2, 3]).release()
+    cache.admit([1, 2]).release()
+    policy.fail = "priority"
+    with pytest.raises(HookError):
+        cache.admit([5, 6, 7])
+    policy.fail = ""
+    cache.check()
+    cache.evict(4)
+    cache.check()
+    assert cache.num_free_blocks == 4  # the parent left too
 
 
 @pytest.mark.parametrize("hook", ["on_insert", "stored", "priority"])
