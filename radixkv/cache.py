@@ -1357,7 +1357,9 @@ class PrefixCache:
                 spill(node, k)
             if on_evict is not None:
                 on_evict(node, k, priority)
-            error = self._tell_removed(extents.to_array(extents.cut_tail(node.parts, k)[1])) if self._observers else None
+            error = None
+            if self._observers:
+                error = self._tell_removed(extents.to_array(extents.cut_tail(node.parts, k)[1]))
             dropped.extend(tree.truncate(node, k))
             self._cached -= k
             self.evicted_blocks += k

@@ -446,7 +446,8 @@ class BlockPool:
         first, last = int(blocks[0]), int(blocks[-1])
         if last - first == n - 1:
             # a contiguous int32 array is compared in place (bytes.startswith takes its buffer)
-            if n <= 2 or self._id_table(last + 1).startswith(np.ascontiguousarray(blocks, BLOCK_DTYPE), _ID_BYTES * first):
+            if n <= 2 or self._id_table(last + 1).startswith(
+                    np.ascontiguousarray(blocks, BLOCK_DTYPE), _ID_BYTES * first):
                 return first, last
         elif first - last == n - 1:
             if n <= 2 or self._id_table(first + 1).startswith(
