@@ -201,6 +201,23 @@ def test_choose_raising_mid_eviction_leaves_the_cache_consistent(call):
     assert cache.protected_blocks == 0
 
 
+@pytest.mark.xfail(strict=True, reason="a class-deadline policy refits only in on_request, which a lower tier never "
+                                       "calls: density or wa in a tier collects reuse statistics but stays LRU for good")
+@pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
+def test_density_in_a_lower_tier_fits_its_windows(cls):
+    """"Every refit_every ticks the policy fits" (density's docstring); a lower tier takes any online
+    policy (tiers.base.Tier). Here the tier's policy sees hundreds of reuses, refit_every=5, min_pages=2."""
+    tier_policy = cls(refit_every=5, min_pages=2)
+    cache = TieredCache(8, page_size=1, policy=cls(refit_every=5, min_pages=2),
+                        tiers=[HostTier(16, policy=tier_policy)], load_back="always")
+    for i in range(600):
+        cache.admit([i % 6, (i * 7) % 4, (i * 3) % 5]).release()
+        cache.check()
+    assert cache.policy.theta is not None  # HBM's copy of the policy has fitted
+    assert tier_policy.stats.events.sum() >= 100  # the tier's saw the reuses
+    assert tier_policy.theta is not None
+
+
 # ---------------------------------------------------------------------------- claims and bad policies
 @pytest.mark.xfail(strict=True, reason="PrefixCache claims its policy before it validates enable_events (and before a "
                                        "lower layer binds): a refused construction leaves the caller's policy "
