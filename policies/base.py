@@ -199,6 +199,11 @@ class EvictionPolicy:
             raise ArgumentValueError(f"the policy {self!r} serves another cache or tier already; give each its own")
         self.__dict__["_claimed"] = True
 
+    def unclaim(self) -> None:
+        """Give up :meth:`claim` when the cache or tier that claimed the policy was refused while
+        it was being built (it served no page): the corrected call may claim it again. O(1)."""
+        self.__dict__.pop("_claimed", None)
+
     def on_insert(self, node: Node, now: int) -> None:
         """``node`` was created holding pages first cached at logical time ``now``."""
         node.policy_state = now

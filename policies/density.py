@@ -143,7 +143,10 @@ class HitDensity(ClassDeadline):
         refit_every, min_pages, history_size: as :class:`~.reuse.ClassDeadline`.
         class_lanes: queue each leaf in its tail class's lane and evict by the deadlines of the
             current windows (see the module docstring); ``False``: one static queue, deadlines
-            computed at the last use and re-ranked upward only.
+            computed at the last use and re-ranked upward only. The pages used again share one
+            lane in last-use order, since every fit gives their classes one window (so class lanes
+            need ``protect_reused``); windows *set* to differ between those classes order them
+            only against first uses: use ``False`` for that.
     """
 
     name = "density"
@@ -162,6 +165,9 @@ class HitDensity(ClassDeadline):
         self.class_lanes = class_lanes
         self._first = QUARTERS * self.categories  # classes 0 .. _first - 1 are first uses
         if class_lanes:
+            if not self.protect_reused:
+                raise ArgumentValueError("class_lanes needs protect_reused: the pages used again share one "
+                                         "lane, so their classes must share one window")
             self.lanes = self._first + 1  # a lane per first-use class, one for the pages used again
             self.rerank = False  # each lane is in last-use order and compared under the current windows
 

@@ -18,7 +18,8 @@ offset in the request (the paper's ``(P(reuse), -offset)``): the engine's tie
 order is deepest page first, and the quarter is part of the class. ``P`` is
 made static as in :mod:`.reuse` (a deadline: the age at which ``P`` falls
 below the marginal ``P`` of the cache's capacity), and compared under the
-latest fit: each class queues in its own lane, last use first, and the
+latest fit: each class of first uses queues in its own lane (pages used
+again, which share one window, in one more), last use first, and the
 victim is the lane head with the earliest deadline under the current
 windows (``class_lanes``, as :class:`~.density.HitDensity`'s). LRU until
 enough history.

@@ -310,23 +310,27 @@ class PrefixCache:
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.claim()  # one cache per policy: its history is about this cache's pages
-        self._policy.attach(self)
-        # Hooks the policy leaves at the base class's no-op are not called at all.
-        base, cls = _policies.EvictionPolicy, type(self._policy)
-        self._on_evict = self._policy.on_evict if cls.on_evict is not base.on_evict else None
-        self._admit_hook = self._policy.admit  # None: every new page is cached
-        # Likewise the base on_access (a timestamp in policy_state) is inlined on the match path.
-        self._on_access = self._policy.on_access if cls.on_access is not base.on_access else None
-        self._events: Optional[EventLog] = make_event_log(self, enable_events)
-        self._lower = lower
-        if lower is None:
-            self._spill = None  # _evict skips the call
-        else:
-            lower.bind(self)
-        # block <-> chain hash of every cached page: the recorder's, or attach_page_hashes's
-        self._page_hashes: Optional[PageHashIndex] = self._events.index if self._events is not None else None
-        self._observe()
-        self._sharing.bind()  # last: a rule that keeps records serves one cache
+        try:  # refused from here on (events, the lower layer, the sharing rule): the policy is free again
+            self._policy.attach(self)
+            # Hooks the policy leaves at the base class's no-op are not called at all.
+            base, cls = _policies.EvictionPolicy, type(self._policy)
+            self._on_evict = self._policy.on_evict if cls.on_evict is not base.on_evict else None
+            self._admit_hook = self._policy.admit  # None: every new page is cached
+            # Likewise the base on_access (a timestamp in policy_state) is inlined on the match path.
+            self._on_access = self._policy.on_access if cls.on_access is not base.on_access else None
+            self._events: Optional[EventLog] = make_event_log(self, enable_events)
+            self._lower = lower
+            if lower is None:
+                self._spill = None  # _evict skips the call
+            else:
+                lower.bind(self)
+            # block <-> chain hash of every cached page: the recorder's, or attach_page_hashes's
+            self._page_hashes: Optional[PageHashIndex] = self._events.index if self._events is not None else None
+            self._observe()
+            self._sharing.bind()  # last: a rule that keeps records serves one cache
+        except BaseException:
+            self._policy.unclaim()
+            raise
 
     # ------------------------------------------------------------------ counters
     @property
@@ -468,11 +472,10 @@ class PrefixCache:
         comes. For a cluster that compares instances' coldest pages before it
         evicts one to lend its block (value lending).
         """
-        node = self._victims.peek()
-        if node is None:
+        entry = self._victims.head()  # once: a lane queue's choose() need not answer twice alike
+        if entry is None:
             return None
-        key = self._victims.peek_key()
-        return key[0], key[1], node.num_pages
+        return entry[0], entry[1], entry[-1].num_pages
 
     def advance_clock(self, now: int) -> None:
         """Move :attr:`clock` forward to ``now`` (no-op when it is there already). O(1).
@@ -1309,18 +1312,17 @@ class PrefixCache:
     def _rank(self, node: Node) -> None:
         """(Re-)queue ``node`` if it is an evictable leaf.
 
-        If the policy's ``priority`` raises, the leaf leaves the queue (its entry is at a
-        rank no longer its own) for the pending set, which the next eviction ranks first
+        If the policy's ``priority`` (or ``lane``) raises, the leaf leaves the queue (its entry
+        is at a rank no longer its own) for the pending set, which the next eviction ranks first
         (:meth:`_rank_pending`), and the error propagates: no evictable leaf is lost track of.
         """
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
             try:
-                key = rank_key(self._policy.priority, node)
-            except BaseException:
+                self._victims.push(node, rank_key(self._policy.priority, node))  # (a lane queue asks lane())
+            except BaseException:  # (both raise before the queue changes)
                 self._victims.discard(node)
                 self._unranked[node] = None
                 raise
-            self._victims.push(node, key)
             if self._unranked:
                 self._unranked.pop(node, None)
 

@@ -31,6 +31,7 @@ import heapq
 from collections import deque
 from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
+from .errors import ArgumentTypeError, ArgumentValueError
 from .tree import Node
 
 Entry = Tuple[Any, ...]  # (*key, entry_id, node)
@@ -216,7 +217,12 @@ class LaneQueue:
 def make_queue(policy: Any, make: Callable[[], VictimQueue] = VictimQueue) -> Any:
     """The victim queue for ``policy``: ``make()`` (one queue, the usual case, at no extra cost), or a
     :class:`LaneQueue` of them when the policy has lanes (``policy.lanes >= 1``). O(lanes)."""
-    return LaneQueue(policy, make) if getattr(policy, "lanes", 0) else make()
+    lanes = getattr(policy, "lanes", 0)
+    if lanes.__class__ is not int:
+        raise ArgumentTypeError(f"{type(policy).__name__}.lanes must be an int, got {lanes!r}")
+    if lanes < 0:
+        raise ArgumentValueError(f"{type(policy).__name__}.lanes must be >= 0, got {lanes}")
+    return LaneQueue(policy, make) if lanes else make()
 
 
 DEPTH_BASE = 256

@@ -165,7 +165,11 @@ class Tier:
         policy's own ``ValueError`` (a cost model of another page size).
         """
         self.policy.claim()  # one tier per policy, as one cache per policy
-        self.policy.attach(PolicyScope(page_size, self.capacity, cost_model))
+        try:
+            self.policy.attach(PolicyScope(page_size, self.capacity, cost_model))
+        except BaseException:
+            self.policy.unclaim()
+            raise
 
     @property
     def capacity(self) -> int:

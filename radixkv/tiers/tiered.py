@@ -161,8 +161,15 @@ class TierLayer(LowerLayer):
             if tier.name not in cost_model.tier_paths:
                 raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
                                       f"known: {', '.join(cost_model.tier_paths)}")
-        for tier in tiers:
-            tier.attach_policy(page_size, cost_model)
+        claimed = []
+        try:  # a tier refused (its policy serves another cache already): the others' policies are free again
+            for tier in tiers:
+                tier.attach_policy(page_size, cost_model)
+                claimed.append(tier)
+        except BaseException:
+            for tier in claimed:
+                tier.policy.unclaim()
+            raise
         for tier in tiers:
             tier.attach(page_size, *self._kv)
         self.cost_model = cost_model

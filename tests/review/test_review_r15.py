@@ -53,15 +53,12 @@ def _tail_class(policy: HitDensity, node) -> int:
 
 
 # ---------------------------------------------------------------------------- victim order
-@pytest.mark.xfail(strict=True, reason="the pages used again share one lane in last-use order, so choose() sees only "
-                                       "its oldest page: with windows that differ between reused classes (the "
-                                       "windows setter, or protect_reused=False) a reused page whose deadline is "
-                                       "earlier than every other head waits behind an older reused page")
+@pytest.mark.xfail(strict=True, reason="a limit of class lanes (documented in density.py): the pages used again "
+                                       "share one lane in last-use order, so windows SET to differ between reused "
+                                       "classes order them only against first uses (every fit gives them one window)")
 @pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
 def test_pages_used_again_go_by_their_own_deadlines(cls):
-    """The victim is the page whose deadline (last use + its class's window) is earliest under the current
-    windows (density's docstring). Windows as tests/policies/test_policies_density.py sets them: 100 ticks
-    per use past the first."""
+    """Windows as tests/policies/test_policies_density.py sets them: 100 ticks per use past the first."""
     policy = cls(refit_every=10**6)
     policy.windows = [100.0 * (u - 1) for u in range(1, 5) for q in range(4) for c in range(policy.categories)]
     cache = PrefixCache(num_blocks=16, page_size=1, policy=policy)
@@ -71,6 +68,15 @@ def test_pages_used_again_go_by_their_own_deadlines(cls):
     cache.admit([2], hints=SHORT).release()  # t6: two uses, deadline 6 + 100 = 106
     cache.admit([3], hints=SHORT).release()  # t7: a first use, deadline 7
     assert _order(cache) == [(3,), (2,), (1,)]  # lanes give [(3,), (1,), (2,)]: [1] ahead of [2]
+
+
+@pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
+def test_class_lanes_refuse_per_class_windows_for_pages_used_again(cls):
+    """protect_reused=False would fit a window per reused class, which one lane cannot order."""
+    unprotected = type("Unprotected", (cls,), {"protect_reused": False})
+    with pytest.raises(ArgumentValueError, match="protect_reused"):
+        unprotected(refit_every=10**6)
+    unprotected(refit_every=10**6, class_lanes=False)  # one static queue orders any windows
 
 
 def test_without_lanes_pages_used_again_go_by_their_own_deadlines():
@@ -100,9 +106,6 @@ class RoundRobin(LRU):
         return self.turn % len(heads)
 
 
-@pytest.mark.xfail(strict=True, reason="peek_victim reads the queue's head twice (peek, then peek_key), so choose() "
-                                       "runs twice: a choose that is not a pure function of the heads (turns, a "
-                                       "random tie-break) gets one leaf's rank reported with another leaf's pages")
 def test_peek_victim_describes_one_leaf_whatever_choose_answers():
     cache = PrefixCache(num_blocks=8, page_size=1, policy=RoundRobin())
     cache.admit([1]).release()  # t1: one page, lane 1
@@ -148,9 +151,6 @@ class RaisingDensity(HitDensity):
         return super().priority(node)
 
 
-@pytest.mark.xfail(strict=True, reason="the victim loop re-ranks what is left of a victim after its tail left; lane() "
-                                       "(or priority()) raising there leaves the leaf in its old lane at the key of "
-                                       "its old length: check() fails")
 @pytest.mark.parametrize("hook", ["lane", "priority"])
 def test_a_hook_raising_while_a_partial_victim_is_re_ranked_leaves_the_cache_consistent(hook):
     policy = RaisingDensity(refit_every=10**6)
@@ -164,9 +164,6 @@ def test_a_hook_raising_while_a_partial_victim_is_re_ranked_leaves_the_cache_con
     assert cache.num_free_blocks + cache.evictable_blocks == 4
 
 
-@pytest.mark.xfail(strict=True, reason="match re-ranks the matched leaf after on_access changed its class; lane() (or "
-                                       "priority()) raising there leaves it queued in its old lane at its old key: "
-                                       "check() fails")
 @pytest.mark.parametrize("hook", ["lane", "priority"])
 def test_a_hook_raising_while_a_matched_leaf_is_re_ranked_leaves_the_cache_consistent(hook):
     policy = RaisingDensity(refit_every=10**6)
@@ -239,9 +236,6 @@ def test_a_tier_policy_hook_raising_leaves_the_spill_tree_consistent(hook):
 
 
 # ---------------------------------------------------------------------------- claims and bad policies
-@pytest.mark.xfail(strict=True, reason="PrefixCache claims its policy before it validates enable_events (and before a "
-                                       "lower layer binds): a refused construction leaves the caller's policy "
-                                       "claimed, and the corrected call is refused as 'serves another cache'")
 def test_a_refused_construction_leaves_the_policy_free_for_the_next_cache():
     policy = HitDensity()
     with pytest.raises(ArgumentTypeError):
@@ -251,9 +245,6 @@ def test_a_refused_construction_leaves_the_policy_free_for_the_next_cache():
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason="a TieredCache refused because HBM and its tier share one policy instance "
-                                       "leaves that instance claimed by the cache that was never built: the tier "
-                                       "can then join no cache at all")
 def test_a_tier_refused_for_a_shared_policy_can_join_a_cache_with_its_own():
     shared = HitDensity()
     tier = HostTier(4, policy=shared)
@@ -268,8 +259,6 @@ class Lanes(LRU):
     name = "bad-lanes"
 
 
-@pytest.mark.xfail(strict=True, reason="lanes is not validated: lanes=-1 makes a queue of no lane (every insert then "
-                                       "fails with IndexError), lanes=2.5 a bare TypeError from range()")
 @pytest.mark.parametrize("lanes, error", [(-1, ArgumentValueError), (2.5, ArgumentTypeError)])
 def test_a_policy_with_a_bad_lane_count_is_refused_at_construction(lanes, error):
     policy = Lanes()
