@@ -356,12 +356,14 @@ class ClassDeadline(GhostPolicy):
 
     def on_insert(self, node: Node, now: int) -> None:
         self._now = now
+        self._tick(now)  # (after admit's on_request at the same tick: a no-op; match/insert and tiers have none)
         boundary, runs = self.take_pending(node, now) or (node.start, [])
         head_uses = runs[0][0][1] + 1 if runs else 1
         self._enter(node, now, boundary, head_uses, 1)
 
     def on_access(self, node: Node, now: int) -> None:
         self._now = now
+        self._tick(now)
         state = node.policy_state
         last = state[0]
         for cls, n in self._portions(node, state):

@@ -198,8 +198,6 @@ def test_choose_raising_mid_eviction_leaves_the_cache_consistent(call):
     assert cache.protected_blocks == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a class-deadline policy refits only in on_request, which a lower tier never "
-                                       "calls: density or wa in a tier collects reuse statistics but stays LRU for good")
 @pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
 def test_density_in_a_lower_tier_fits_its_windows(cls):
     """"Every refit_every ticks the policy fits" (density's docstring); a lower tier takes any online
@@ -213,6 +211,24 @@ def test_density_in_a_lower_tier_fits_its_windows(cls):
     assert cache.policy.theta is not None  # HBM's copy of the policy has fitted
     assert tier_policy.stats.events.sum() >= 100  # the tier's saw the reuses
     assert tier_policy.theta is not None
+
+
+@pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
+def test_density_fits_its_windows_through_match_and_insert(cls):
+    """An engine adapter calls match and insert, never admit (so never on_request): the policy
+    refits all the same, at its inserts and uses."""
+    policy = cls(refit_every=5, min_pages=2)
+    cache = PrefixCache(8, page_size=1, policy=policy)
+    for i in range(300):
+        tokens = [i % 6, (i * 7) % 4, (i * 3) % 5]
+        hit = cache.match(tokens)
+        blocks = cache.allocate(3 - len(hit.blocks)) if cache.num_free_blocks >= 3 - len(hit.blocks) else None
+        if blocks is None:
+            cache.evict(3)
+            blocks = cache.allocate(3 - len(hit.blocks))
+        cache.insert(tokens, list(hit.blocks) + list(blocks))
+        cache.check()
+    assert policy.theta is not None
 
 
 @pytest.mark.xfail(strict=True, reason="a lower tier's policy hook raising while the tier makes room (lane or "
