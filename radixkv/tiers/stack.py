@@ -39,7 +39,9 @@ or an answer out of the :class:`~radixkv.tiers.base.Tier` contract, into the
 call's refusal (a write stores nothing, a read finds nothing, a take hands out
 no slot), counted in :attr:`TierStack.tier_errors` and warned once. So a
 broken tier costs dropped pages and misses; the spill tree is never left with
-a node in flight or a slot held by no page.
+a node in flight or a slot held by no page. (The tier's eviction *policy* is
+not behind that guard: a policy hook that raises while a tier makes room can
+leave a node in flight.)
 
 Residency journal: when :attr:`TierStack.journal` is a list (a cache with
 events sets it), every change of a page's residency below HBM is appended to
