@@ -58,7 +58,10 @@ class lanes on) were chosen on the first half of each Mooncake trace at 3M
 tokens, block level (page 512, 5,859 blocks), by the share of that half's
 LRU-Belady gap: 18.7% (conversation) and 15.4% (synthetic), against 18.2%
 and 13.0% for the earlier defaults (no lanes, no output buckets, length
-edges 4K/16K/64K, re-ranking). With lanes: no output buckets 18.3% / 12.8%;
+edges 4K/16K/64K, re-ranking). With lanes: no output buckets 17.3% / 11.8%
+with the chosen edges (18.3% / 12.8% with 4K/16K/64K), so the first halves
+alone choose the buckets (the second half of the conversation trace at 9M
+tokens, above, was only checked);
 output buckets with length edges 4K/16K/64K 17.9% / 15.0%, 1K/4K/16K
 16.4% / 15.1%, 2K/8K 16.7% / 14.0%, 2K/16K 16.2% / 15.1%, 2K/4K/8K/32K
 16.9% / 15.4%, 8K/32K 17.0% / 15.4%. Compared there (with output buckets
