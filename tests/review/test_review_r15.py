@@ -21,28 +21,13 @@ from radixkv.policies.reuse import quarter
 from radixkv.policies.wa import WorkloadAware
 from radixkv.tiers import HostTier, TieredCache
 
+from ..policies.test_policies_density_rerank import LONG, SHORT, _order
 from ..strategies import cached_pages
 
-LONG = RequestHints(output_length=200)
-SHORT = RequestHints(output_length=5)
 
 
 class HookError(RuntimeError):
     pass
-
-
-def _order(cache: PrefixCache) -> list:
-    """The pages in the order ``evict(1)`` takes them (``check()`` after each)."""
-    before = {k[1] for k in cached_pages(cache)}
-    order = []
-    while before:
-        assert cache.evict(1) == 1
-        cache.check()
-        after = {k[1] for k in cached_pages(cache)}
-        (gone,) = before - after
-        order.append(gone)
-        before = after
-    return order
 
 
 def _tail_class(policy: HitDensity, node) -> int:
