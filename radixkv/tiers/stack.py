@@ -39,9 +39,11 @@ or an answer out of the :class:`~radixkv.tiers.base.Tier` contract, into the
 call's refusal (a write stores nothing, a read finds nothing, a take hands out
 no slot), counted in :attr:`TierStack.tier_errors` and warned once. So a
 broken tier costs dropped pages and misses; the spill tree is never left with
-a node in flight or a slot held by no page. (The tier's eviction *policy* is
-not behind that guard: a policy hook that raises while a tier makes room can
-leave a node in flight.)
+a node in flight or a slot held by no page. A tier's eviction *policy* is not
+behind that guard: a policy hook that raises while a tier makes room fails the
+operation, after the pages it left in flight are dropped (a recompute), the
+slots it took go back and a node it could not rank waits for the tier's next
+eviction.
 
 Residency journal: when :attr:`TierStack.journal` is a list (a cache with
 events sets it), every change of a page's residency below HBM is appended to
@@ -126,6 +128,7 @@ class TierStack:
         self.journal: Optional[List[Change]] = None
         """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
         self._warned = False
+        self._unranked: Dict[Node, None] = {}  # resident nodes whose tier policy raised ranking them
 
     @property
     def num_pages(self) -> int:
@@ -210,7 +213,21 @@ class TierStack:
         if copy.blockers and self.leaves_first:
             tier.victims.discard(node)
         else:
-            tier.victims.push(node, rank_key(tier.policy.priority, node))
+            try:
+                tier.victims.push(node, rank_key(tier.policy.priority, node))  # (raises before it changes)
+            except BaseException:  # the policy raised: the node waits to be ranked by the tier's next eviction
+                tier.victims.discard(node)
+                self._unranked[node] = None
+                raise
+            if self._unranked:
+                self._unranked.pop(node, None)
+
+    def _rank_pending(self) -> None:
+        """Rank the resident nodes whose policy raised before (raises again if it still does)."""
+        for node in list(self._unranked):
+            del self._unranked[node]
+            if node.gen >= 0 and isinstance(node.ext, Copy):
+                self._rank(node)
 
     def _blocks(self, child: Node, level: int) -> bool:
         """Whether ``child`` keeps its parent, a copy in tier ``level``, from leaving it."""
@@ -533,9 +550,21 @@ class TierStack:
         for n in nodes:
             self._set_ext(n, IN_FLIGHT)
         sums = checksums(pages) if pages is not None and self.has_payload else None
-        self._place(0, nodes, pages, sums, start, self.tick, src)
+        try:
+            self._place(0, nodes, pages, sums, start, self.tick, src)
+        except BaseException:  # a tier policy raised while making room: what is still in flight is dropped
+            self._drop_in_flight()
+            raise
         self._sweep_lost()
         return anchor
+
+    def _drop_in_flight(self) -> None:
+        """Drop every spill-tree node left in flight by an operation a tier policy's exception cut
+        short (their pages are lost below HBM: a recompute, never a wrong answer). O(spill tree)."""
+        for node in sorted(self.tree.nodes(), key=lambda n: -n.end):
+            if node.gen >= 0 and isinstance(node.ext, InFlight):
+                self.dropped_pages += node.num_pages
+                self._drop(node)
 
     def _place(self, i: int, nodes: List[Node], pages: Optional[np.ndarray], sums: Optional[np.ndarray],
                start: int, stamp: int, src: str) -> None:
@@ -598,8 +627,13 @@ class TierStack:
             if len(more):
                 parts.append(more)
                 have += len(more)
-            if have >= n or self.evict(i, n - have) == 0:
-                break
+            try:
+                if have >= n or self.evict(i, n - have) == 0:
+                    break
+            except BaseException:  # the tier's policy raised while making room: the slots taken go back
+                for part in parts:
+                    self._give(tier, part)
+                raise
         if not parts:
             return NO_SLOTS
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -617,6 +651,8 @@ class TierStack:
             self.demote(i, node, rank)
 
         tier = self.tiers[i]
+        if self._unranked:
+            self._rank_pending()
         return _victims.evict(tier.victims, tier.policy, n, self._rank, take)
 
     def demote(self, i: int, node: Node, rank: object = None) -> None:
@@ -644,7 +680,11 @@ class TierStack:
             if upper is None:
                 return
             node = upper
-        self._place(i + 1, [node], data, copy.sums, node.start, copy.stamp, tier.name)
+        try:
+            self._place(i + 1, [node], data, copy.sums, node.start, copy.stamp, tier.name)
+        except BaseException:  # a tier policy raised while the tier below made room
+            self._drop_in_flight()
+            raise
 
     def discard(self, key: Hashable, data: bytes, start: int) -> int:
         """Forget every lower copy of page ``start`` of ``data`` and of every page below it; return pages forgotten.
@@ -717,7 +757,9 @@ class TierStack:
             assert len(slots) == tier.used, f"{tier.name}: {tier.used} slots used, tree holds {len(slots)} pages"
             live = {id(n): (k, n) for k, n in tier.victims.entries()}
             assert len(live) == len(tier.victims), f"{tier.name}: victim queue count drifted"
-            assert set(live) == {id(n) for n in nodes if not (n.ext.blockers and self.leaves_first)}, (
+            eligible = {id(n) for n in nodes if not (n.ext.blockers and self.leaves_first)}
+            waiting = {id(n) for n in self._unranked}  # their policy raised: ranked by the next eviction
+            assert set(live) | (eligible & waiting) == eligible and not set(live) & waiting, (
                 f"{tier.name}: victim queue differs from its victim-eligible resident nodes")
             for k, n in live.values():
                 assert k == rank_key(tier.policy.priority, n), f"{tier.name}: {n} queued at {k}"
@@ -733,4 +775,5 @@ class TierStack:
             node.ext = None
             node.gen = -1  # gone: an anchor to it is stale
         self.tree = RadixTree(self.tree.page_size)
+        self._unranked.clear()
         self.journal = None if journal is None else []

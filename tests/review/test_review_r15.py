@@ -216,10 +216,6 @@ def test_density_fits_its_windows_through_match_and_insert(cls):
     assert policy.theta is not None
 
 
-@pytest.mark.xfail(strict=True, reason="a lower tier's policy hook raising while the tier makes room (lane or "
-                                       "priority ranking a node, choose picking the victim) leaves a spill-tree node "
-                                       "in flight: check() fails, and keeps failing after later admissions "
-                                       "(the stack guards the tier's storage calls, not its policy: tiers.stack)")
 @pytest.mark.parametrize("hook", ["lane", "choose", "priority"])
 def test_a_tier_policy_hook_raising_leaves_the_spill_tree_consistent(hook):
     """The stack's promise (tiers.stack, Faults): the spill tree is never left with a node in flight."""
