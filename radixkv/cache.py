@@ -1317,14 +1317,7 @@ class PrefixCache:
         (:meth:`_rank_pending`), and the error propagates: no evictable leaf is lost track of.
         """
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
-            try:
-                self._victims.push(node, rank_key(self._policy.priority, node))  # (a lane queue asks lane())
-            except BaseException:  # (both raise before the queue changes)
-                self._victims.discard(node)
-                self._unranked[node] = None
-                raise
-            if self._unranked:
-                self._unranked.pop(node, None)
+            _victims.rank(self._victims, node, self._policy.priority, self._unranked)
 
     def _rank_pending(self) -> None:
         """Rank the leaves whose priority raised before (raises again if it still does)."""

@@ -241,6 +241,24 @@ def rank_key(priority: Callable[[Node], Any], node: Node) -> Tuple[Any, ...]:
     return (node.retention, priority(node), DEPTH_BASE - node.start - node.num_pages)
 
 
+def rank(queue: Any, node: Node, priority: Callable[[Node], Any], waiting: dict) -> None:
+    """Queue ``node`` at its :func:`rank_key` (HBM's and every tier's ranking).
+
+    If the policy raises (``priority``, or a lane queue's ``lane``, both before the queue
+    changes), the node's entry goes (it is at a rank no longer its own), the node waits in
+    ``waiting`` for its owner to rank it again before the next eviction, and the error
+    propagates: no evictable node is lost track of. O(log n).
+    """
+    try:
+        queue.push(node, rank_key(priority, node))
+    except BaseException:
+        queue.discard(node)
+        waiting[node] = None
+        raise
+    if waiting:
+        waiting.pop(node, None)
+
+
 def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], None],
           take: Callable[[Node, int, Any], None]) -> int:
     """The victim loop: take ``n`` pages (fewer if the queue runs dry) from the lowest-ranked nodes of ``queue``.

@@ -212,15 +212,8 @@ class TierStack:
         tier = copy.tier
         if copy.blockers and self.leaves_first:
             tier.victims.discard(node)
-        else:
-            try:
-                tier.victims.push(node, rank_key(tier.policy.priority, node))  # (raises before it changes)
-            except BaseException:  # the policy raised: the node waits to be ranked by the tier's next eviction
-                tier.victims.discard(node)
-                self._unranked[node] = None
-                raise
-            if self._unranked:
-                self._unranked.pop(node, None)
+        else:  # (a policy that raises leaves the node waiting for the tier's next eviction)
+            _victims.rank(tier.victims, node, tier.policy.priority, self._unranked)
 
     def _rank_pending(self) -> None:
         """Rank the resident nodes whose policy raised before (raises again if it still does)."""
