@@ -1224,9 +1224,10 @@ class PrefixCache:
         self._cached += leaf.num_pages
         if node.heap_id:  # no longer a leaf
             self._victims.discard(node)
-        told = -1  # observers told of the leaf, once the policy took it
+        told = -2  # -1: the policy took the leaf; from 0: observers told of it
         try:
             self._policy.on_insert(leaf, now)
+            told = -1
             if locked:
                 leaf.lock_ref = 1  # born locked (admit): never queued, so no stale heap entry
             else:
@@ -1242,7 +1243,8 @@ class PrefixCache:
 
     def _unadd(self, leaf: Node, told: int, already_cached: bool) -> None:
         """Undo :meth:`_add_pages` of ``leaf`` after a hook raised: the observers told of it (and
-        the one that raised) hear its pages leave, it leaves the tree, and its blocks go back
+        the one that raised) hear its pages leave, so does the policy if it took them
+        (``on_evict`` with no rank), it leaves the tree (and the pending set), and its blocks go back
         where they came from: to the free list when they were taken ``already_cached``, else
         to the caller, held again. Its pages never held KV: left cached, a later match would
         be served blocks nobody wrote."""
@@ -1254,7 +1256,13 @@ class PrefixCache:
                     observer.removed(blocks)
                 except BaseException:
                     pass  # the error being raised is the one that made the undo
+        if told >= -1 and self._on_evict is not None:  # the policy took the pages: they leave its books
+            try:
+                self._on_evict(leaf, leaf.num_pages, None)
+            except BaseException:
+                pass
         self._victims.discard(leaf)
+        self._unranked.pop(leaf, None)
         leaf.lock_ref = 0
         parts = self._tree.truncate(leaf, leaf.num_pages)
         self._cached -= len(blocks)
@@ -1390,7 +1398,7 @@ class PrefixCache:
             node = node.parent
 
     def _unlock_node(self, node: Node) -> None:
-        error = None  # a free-block sink that raised: re-raised once every lock on the path is off
+        error = None  # a free-block sink or a policy that raised: re-raised once every lock on the path is off
         while node is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
@@ -1403,7 +1411,10 @@ class PrefixCache:
                     self._protected -= node.num_pages
                     if node.children is None:
                         if node.parent is not None:
-                            self._rank(node)
+                            try:
+                                self._rank(node)
+                            except BaseException as exc:  # the leaf waits to be ranked (see _rank)
+                                error = error or exc
                         else:
                             self._drop_root_if_unused(node)
             node = node.parent

@@ -37,8 +37,6 @@ class RaisingObserver:
         pass
 
 
-@pytest.mark.xfail(strict=True, reason="an insert undone after on_insert never tells the policy its pages left "
-                                       "(no on_evict): ARC's T1/T2 sizes keep counting pages that are not cached")
 def test_an_undone_insert_leaves_no_pages_in_the_policys_books():
     """An ``on_insert`` that succeeded, then an observer refusing the leaf, undoes the insert
     (policies/base: 'the new pages leave the cache again'). The policy took the pages into its
@@ -68,8 +66,6 @@ class PriorityRaisingLRU(LRU):
         return super().priority(node)
 
 
-@pytest.mark.xfail(strict=True, reason="a new leaf whose priority raised is undone but stays in the pending set: "
-                                       "every failed insert keeps a dead node (and its key bytes) until an eviction")
 def test_an_undone_leaf_does_not_stay_in_the_pending_set():
     """The pending set holds evictable leaves waiting to be ranked. A new leaf whose ranking
     raised goes there, then is undone (it leaves the tree); it must leave the set too, or a
@@ -117,8 +113,6 @@ def test_an_undone_insert_emits_no_removal_of_unannounced_pages(monkeypatch):
 
 
 
-@pytest.mark.xfail(strict=True, reason="_unlock_node stops at the first leaf whose ranking raises: the nodes above "
-                                       "keep the lock for good (protected, never evictable; check() fails)")
 def test_a_release_whose_ranking_raises_unlocks_the_whole_path():
     """A leaf whose priority raised while it was ranked waits in the pending set (policies/base).
     When that happens as an admission's release unlocks its path, the unlock must still reach
