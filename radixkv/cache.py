@@ -836,10 +836,7 @@ class PrefixCache:
                     dropped = ()
                 private = self._pool.take(min(fit, pos - served))
             # The evicted blocks come straight back (nothing between can raise).
-            if dropped:
-                new = self._pool.take_after(dropped, fit - len(private), CACHED)
-            else:
-                new = self._pool.take_parts(fit - len(private), CACHED)
+            new = self._pool.take_after(dropped, fit - len(private), CACHED)
             try:
                 leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             except BaseException:  # a hook raised: the new pages went back, the admission never happened
@@ -1250,12 +1247,8 @@ class PrefixCache:
         be served blocks nobody wrote."""
         node = leaf.parent
         blocks = leaf.blocks
-        if told >= 0:
-            for observer in self._observers[: told + 1]:
-                try:
-                    observer.removed(blocks)
-                except BaseException:
-                    pass  # the error being raised is the one that made the undo
+        if told >= 0:  # (the error being raised is the one that made the undo)
+            self._tell_removed(blocks, self._observers[: told + 1])
         if told >= -1 and self._on_evict is not None:  # the policy took the pages: they leave its books
             try:
                 self._on_evict(leaf, leaf.num_pages, None)
@@ -1510,14 +1503,15 @@ class PrefixCache:
             if error is not None:
                 raise error
 
-    def _tell_removed(self, blocks: np.ndarray) -> Optional[BaseException]:
-        """Tell every observer that cached ``blocks`` leave; return the first exception one raised.
+    def _tell_removed(self, blocks: np.ndarray, observers: Optional[Sequence[Any]] = None) -> Optional[BaseException]:
+        """Tell every observer (or those of ``observers``) that cached ``blocks`` leave; return the
+        first exception one raised.
 
         Each observer is told whatever the others did (the hash index must forget pages
         that go even when the page index raises), and the caller removes the pages
         before it raises the error, so what the observers hold matches the tree."""
         error = None
-        for observer in self._observers:
+        for observer in self._observers if observers is None else observers:
             try:
                 observer.removed(blocks)
             except BaseException as exc:

@@ -204,10 +204,13 @@ class BlockPool:
         least their number: they are all taken back, the last returned first, each run turned
         round (the free stack is LIFO), so they need no stack entry and, for ``state`` ``CACHED``,
         no state change; the rest come from the free list. At page size 1 an admission that
-        evicts moves a few runs this way for a few stack operations each. Falls back to the two
-        calls when ``returned`` holds an id array or ``n`` is smaller, and like them when ``n`` is
-        more than there are: ``returned`` go onto the free list, then it raises. O(parts) Python.
+        evicts moves a few runs this way for a few stack operations each. With nothing returned
+        it is :meth:`take_parts`; it falls back to the two calls when ``returned`` holds an id
+        array or ``n`` is smaller, and acts like them when ``n`` is more than there are:
+        ``returned`` go onto the free list, then it raises. O(parts) Python.
         """
+        if not returned:
+            return self.take_parts(n, state)
         total = 0
         for part in returned:
             if part.__class__ is not tuple:
@@ -313,7 +316,7 @@ class BlockPool:
         new array. O(len(blocks)) C; a slice copy for a run."""
         st = self._state
         run = self._run(blocks) if len(blocks) >= _MIN_RUN_IDS else None
-        if run is not None and max(run) < len(st):
+        if run is not None:  # (a run reaches no further than the id table, which the state bytes cover)
             first, last = run
             if first <= last:
                 return st[first : last + 1].copy()
