@@ -100,6 +100,14 @@ def as_array_q(item) -> array:
     return array("q", tokens)
 
 
+def match_request(tree, ids, engine_cap: bool, RadixKey, MatchPrefixParams):  # noqa: N803 (SGLang's classes)
+    """SGLang's match of a request's tokens ``ids`` in ``tree`` (either cache): ``(tokens hit, deepest
+    node)``. ``engine_cap``: leave the last token out, as the scheduler does."""
+    key = RadixKey(ids, limit=len(ids) - 1) if engine_cap else RadixKey(ids)
+    m = tree.match_prefix(MatchPrefixParams(key=key))
+    return m.device_prefix_len, m.last_device_node
+
+
 def replay_loop(requests_iter, page_size: int, serve) -> _common.Tally:
     """Time ``serve(ids, n_full_tokens) -> (hit, need, take)`` once per request, in trace order.
 
@@ -170,11 +178,7 @@ def replay_sglang(requests_iter, page_size: int = 16, num_blocks: int = 187488, 
     cat = torch.cat
 
     def serve(ids, n_full_tokens):
-        n = len(ids)
-        match_key = RadixKey(ids, limit=n - 1) if engine_cap else RadixKey(ids)
-        m = tree.match_prefix(MatchPrefixParams(key=match_key))
-        hit = m.device_prefix_len
-        last = m.last_device_node
+        hit, last = match_request(tree, ids, engine_cap, RadixKey, MatchPrefixParams)
         tree.inc_lock_ref(last)
         need = n_full_tokens - hit
         take = 0

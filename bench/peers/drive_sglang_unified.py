@@ -133,11 +133,7 @@ def replay_sglang_unified(requests_iter, page_size: int = 16, num_blocks: int = 
     cat = torch.cat
 
     def serve(ids, n_full_tokens):
-        n = len(ids)
-        match_key = RadixKey(ids, limit=n - 1) if engine_cap else RadixKey(ids)
-        m = tree.match_prefix(MatchPrefixParams(key=match_key))
-        hit = m.device_prefix_len
-        last = m.last_device_node
+        hit, last = drive_sglang.match_request(tree, ids, engine_cap, RadixKey, MatchPrefixParams)
         lock = tree.lock(last)
         need = n_full_tokens - hit
         take = 0
