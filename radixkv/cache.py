@@ -25,7 +25,7 @@ from .errors import (
     ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError)
 from .events import EventLog, KVCacheEvent, make_event_log
 from .events.hashing import BlockHasher
-from .keys import TokensLike, as_tokens, check_namespace, check_positive_int, is_int
+from .keys import TokensLike, check_namespace, check_positive_int, is_int, page_key
 from .lower import LowerLayer
 from .events.page_hashes import PageHashIndex
 from . import extents
@@ -1114,9 +1114,7 @@ class PrefixCache:
         return self._tree.find_root(namespace)
 
     def _pages(self, tokens: TokensLike):
-        arr = as_tokens(tokens)
-        num_pages = len(arr) // self.page_size
-        return arr[: num_pages * self.page_size].tobytes(), num_pages
+        return page_key(tokens, self.page_size)
 
     def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
         """Walk to the deepest cached page of ``data`` (splitting there); ``use`` is False for a

@@ -16,11 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from radixkv import ArgumentTypeError, ArgumentValueError, InvalidBlocksError, InvalidTokensError, PrefixCache
-from radixkv.keys import as_tokens, uint32_array
+from radixkv.keys import as_tokens, page_key, uint32_array
 
 from ..strategies import snapshot
 
-INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+# C long long has numpy type numbers of its own (what array('q') and some C extensions give).
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+              np.longlong, np.ulonglong]
 INT_TYPECODES = "bBhHiIlLqQ"
 
 
@@ -150,8 +152,9 @@ def forms(items):
         for dtype in INT_DTYPES:
             info = np.iinfo(dtype)
             if all(info.min <= v <= info.max for v in values):
-                out.append((f"ndarray {np.dtype(dtype)}", np.array(values, dtype=dtype)))
-                out.append((f"strided ndarray {np.dtype(dtype)}", np.repeat(np.array(values, dtype=dtype), 2)[::2]))
+                name = f"{np.dtype(dtype)} ({np.dtype(dtype).char!r})"  # int64 and longlong apart
+                out.append((f"ndarray {name}", np.array(values, dtype=dtype)))
+                out.append((f"strided ndarray {name}", np.repeat(np.array(values, dtype=dtype), 2)[::2]))
                 swapped = np.dtype(dtype).newbyteorder()
                 out.append((f"ndarray {swapped.str}", np.array(values, dtype=swapped)))
         for code in INT_TYPECODES:
@@ -238,3 +241,20 @@ def test_a_huge_range_is_checked_without_walking_it():
 def test_uint32_input_is_not_copied():
     tokens = np.arange(10, dtype=np.uint32)
     assert as_tokens(tokens) is tokens
+
+
+@given(items=st.lists(elements, max_size=9), page_size=st.integers(1, 4))
+def test_page_keys_follow_the_same_rule(items, page_size):
+    """page_key (what every cache call makes of its tokens; array('q') has a path of its own)
+    gives each form the bytes of as_tokens' whole pages, or as_tokens' error."""
+    want, position = expected_verdict(items)
+    for label, value in forms(items):
+        try:
+            got = page_key(value, page_size)
+        except (TypeError, ValueError) as exc:
+            got = (type(exc), str(exc))
+        if isinstance(want, bytes):
+            n = len(items) // page_size
+            assert got == (want[: 4 * n * page_size], n), label
+        else:
+            assert got == verdicts(items, as_tokens)[label], label
