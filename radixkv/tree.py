@@ -18,6 +18,28 @@ from .extents import Parts
 from .keys import TOKEN_BYTES, TOKEN_DTYPE
 
 
+def share(buf: Union[bytes, memoryview], start: int, stop: int) -> Union[bytes, memoryview]:
+    """``buf[start:stop]`` for a node to keep: a view of ``buf``'s ``bytes`` where that keeps at most
+    twice the slice's size alive, else a copy (``bytes``).
+
+    ``buf`` is ``bytes`` (a request's key, which nothing can change) or a view of
+    one that this function made; anything else (a ``bytearray``, a view of
+    writable memory) is copied. Why: at page size 1 copying a new leaf's pages
+    out of the request's key was an eighth of an admission; a view costs
+    O(1), and the 2x rule bounds what a node that shrinks (a split, a tail
+    eviction) keeps of the request it came from. O(1) for a view, O(stop - start) for a copy.
+    """
+    size = stop - start
+    if buf.__class__ is bytes:
+        if 2 * size >= len(buf) and size < len(buf):
+            return memoryview(buf)[start:stop]
+        return buf[start:stop]  # (the whole of buf: buf itself)
+    if buf.__class__ is memoryview and buf.obj.__class__ is bytes:
+        part = buf[start:stop]
+        return part if 2 * size >= len(buf.obj) else part.tobytes()
+    return bytes(buf[start:stop])
+
+
 class Node:
     """A run of ``num_pages`` pages hanging below ``parent``.
 
@@ -26,7 +48,11 @@ class Node:
     is stored once) and ``rest`` (the other pages). ``rest`` may be longer than
     ``num_pages - 1`` pages after a tail eviction; only its leading pages count
     (it is trimmed lazily, so evicting one page from a long leaf is O(1): when
-    a walk stops inside the node or when the node gets a child).
+    a walk stops inside the node or when the node gets a child). ``rest`` is
+    ``bytes`` or a read-only ``memoryview`` of the immutable ``bytes`` a
+    request's key was made into (:func:`share`): a new leaf keeps its pages
+    without copying them, and no node keeps more than twice its pages' bytes
+    alive that way.
     ``gen`` changes whenever the node's extent changes, and is ``-1`` once the
     node left the tree. ``policy_state`` is the one slot an eviction policy may use.
     ``parts`` holds the pages' block ids as extents (runs and ``int32`` segments,
@@ -70,9 +96,9 @@ class Node:
         return self.first + self.rest
 
     def page(self, index: int) -> bytes:
-        """The bytes of page ``index`` (0-based within this node). O(page size)."""
+        """The bytes of page ``index`` (0-based within this node; a new object unless 0). O(page size)."""
         pb = len(self.first)
-        return self.first if index == 0 else self.rest[(index - 1) * pb : index * pb]
+        return self.first if index == 0 else bytes(self.rest[(index - 1) * pb : index * pb])
 
     @property
     def end(self) -> int:
@@ -207,7 +233,7 @@ class RadixTree:
                 continue
             rlen = (n - 1) * pb
             if len(rest) != rlen:  # stale bytes of evicted tail pages: drop them, compare again
-                rest = child.rest = rest[:rlen]
+                rest = child.rest = share(rest, 0, rlen)
                 if data.startswith(rest, first_end, end):
                     node, off = child, first_end + rlen
                     continue
@@ -236,16 +262,16 @@ class RadixTree:
         rest = child.rest
         cut = (pages - 1) * pb  # the upper node's share of ``rest``
         upper_parts, child.parts = extents.cut(child.parts, pages)
-        upper = Node(parent, child.first, rest[:cut], upper_parts, child.start, pages)
+        upper = Node(parent, child.first, share(rest, 0, cut), upper_parts, child.start, pages)
         upper.lock_ref = child.lock_ref
         upper.retention = child.retention
         upper.policy_state = child.policy_state
-        first = rest[cut : cut + pb]
+        first = bytes(rest[cut : cut + pb])
         upper.children = {first: child}
         parent.children[child.first] = upper
         child.parent = upper
         child.first = first
-        child.rest = rest[cut + pb : (child.num_pages - 1) * pb]
+        child.rest = share(rest, cut + pb, (child.num_pages - 1) * pb)
         child.start += pages
         child.num_pages -= pages
         return upper
@@ -254,7 +280,7 @@ class RadixTree:
         """Hang a new node below ``parent`` holding ``blocks`` (an id array, which the tree keeps
         and marks read-only, or a tuple of extents), one page per block, whose tokens are
         ``key``'s bytes from ``offset`` on (a request's whole key may be passed: only its pages
-        are copied, once)."""
+        are kept, as a view of ``key`` or a copy: :func:`share`)."""
         if blocks.__class__ is tuple:
             parts, n = blocks, extents.size(blocks)
             for part in parts:  # id segments are the tree's from now on too
@@ -264,20 +290,22 @@ class RadixTree:
             blocks.flags.writeable = False  # the tree's from now on
             parts, n = ((blocks,) if len(blocks) else extents.NONE), len(blocks)
         pb = self.page_bytes
-        first = key[offset : offset + pb]
-        leaf = Node(parent, first, key[offset + pb : offset + n * pb], parts, parent.end, n)
+        first = bytes(key[offset : offset + pb])  # a dict key (and a bytes slice is bytes already)
+        leaf = Node(parent, first, share(key, offset + pb, offset + n * pb), parts, parent.end, n)
         if parent.children is None:
             parent.children = {}
             rlen = (parent.num_pages - 1) * pb
             if len(parent.rest) > rlen:  # a leaf's stale tail bytes go when it stops being a leaf
-                parent.rest = parent.rest[:rlen]
+                parent.rest = share(parent.rest, 0, rlen)
         parent.children[first] = leaf
         return leaf
 
     def truncate(self, node: Node, pages: int) -> Parts:
         """Drop the last ``pages`` pages of leaf ``node``; return their blocks as extents.
 
-        The node leaves the tree when it has no page left. O(parts) Python work, none per page.
+        The node leaves the tree when it has no page left. O(parts) Python work, none per page
+        (a leaf whose pages are a view of a request's key that it would now keep more than
+        twice of copies what it keeps instead, once: :func:`share`).
         """
         keep = node.num_pages - pages
         node.parts, removed = extents.cut_tail(node.parts, pages)
@@ -293,6 +321,9 @@ class RadixTree:
             node.num_pages = 0
         else:
             node.num_pages = keep
+            rest = node.rest
+            if rest.__class__ is memoryview and 2 * (keep - 1) * self.page_bytes < len(rest.obj):
+                node.rest = rest[: (keep - 1) * self.page_bytes].tobytes()  # (2x rule: once per view)
         return removed
 
     def path_blocks(self, node: Node) -> np.ndarray:
@@ -342,6 +373,10 @@ class RadixTree:
                     assert blocks == child.num_pages, f"{child} has {blocks} blocks"
                     assert len(child.first) == pb, f"{child} first page is {len(child.first)} bytes"
                     assert len(child.rest) >= (child.num_pages - 1) * pb, f"{child} key shorter than its pages"
+                    if child.rest.__class__ is memoryview:
+                        base = child.rest.obj
+                        assert base.__class__ is bytes and child.rest.readonly, f"{child} views mutable memory"
+                        assert 2 * (child.num_pages - 1) * pb >= len(base), f"{child} keeps over 2x its key alive"
                     assert child.first == first, f"{child} is filed under the wrong first page"
                     assert child.start == node.end, f"{child} starts at {child.start}, parent ends at {node.end}"
                     assert child.lock_ref >= 0, f"{child} has negative lock_ref"
