@@ -53,6 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "peers"))
 import machine_facts  # noqa: E402
 from cachegrind import count as cachegrind_count, minus as cachegrind_minus  # noqa: E402
 from _common import TRACES, MooncakeTrace  # noqa: E402
+from drive_sglang import as_array_q  # noqa: E402
 
 from radixkv import PrefixCache  # noqa: E402
 
@@ -99,7 +100,7 @@ def replay(prompts, page: int, cache_class: type, check: bool = True) -> dict:
 
 def cachegrind(args) -> None:
     """One valgrind run per (pool, page) pair and one without a replay; emit the counts with it subtracted."""
-    base = [sys.executable, os.path.abspath(__file__), "--trace", args.trace, "--limit", str(args.limit),
+    base = [sys.executable, os.path.abspath(__file__), "--trace", args.trace, "--limit", str(args.limit), "--tokens", args.tokens,
             "--old-rev", args.old_rev, "--repeat", "1", "--no-check"]
 
     def counts(extra) -> dict:
@@ -122,6 +123,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", default=os.path.join(TRACES, "mooncake_conversation.jsonl"))
     parser.add_argument("--limit", type=int, default=2000)
+    parser.add_argument("--tokens", choices=["uint32", "array_q"], default="uint32",
+                        help="the prompts' form: uint32 arrays, or array('q') as SGLang's Req holds them "
+                             "(made before the loop; admit's conversion is timed)")
     parser.add_argument("--pages", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--pools", nargs="+", choices=["old", "new"], default=["old", "new"])
     parser.add_argument("--old-rev", default=OLD_REV, help="git revision of the old radixkv (default: before extents)")
@@ -143,6 +147,8 @@ def main() -> None:
         return
     trace = MooncakeTrace(args.trace, args.limit)
     prompts = [p.astype(np.uint32) for p in trace]
+    if args.tokens == "array_q":
+        prompts = [as_array_q(p) for p in prompts]
     pools = {"new": PrefixCache}
     if "old" in args.pools:
         pools["old"] = old_package(args.old_rev)
@@ -164,7 +170,7 @@ def main() -> None:
             runs[pair].append(replay(prompts, pair[1], pools[pair[0]], not args.no_check))
     for (name, page), rs in runs.items():
         row = {"bench": "page1", "pool": name, "pool_rev": "worktree" if name == "new" else args.old_rev,
-               "page_size": page, "requests": len(prompts), "capacity_tokens": CAPACITY_TOKENS,
+               "page_size": page, "tokens": args.tokens, "requests": len(prompts), "capacity_tokens": CAPACITY_TOKENS,
                "num_blocks": rs[0]["num_blocks"], "hit_tokens": rs[0]["hit_tokens"],
                "evicted_blocks": rs[0]["evicted_blocks"],
                "cpu_s_min": round(min(r["cpu_s"] for r in rs), 4),

@@ -42,6 +42,8 @@ def _m(value: float) -> str:
 
 
 def _cachegrind(rows: list) -> List[str]:
+    forms = [r for r in rows if r.get("tokens", "uint32") != "uint32"]
+    rows = [r for r in rows if r.get("tokens", "uint32") == "uint32"]
     by = {(r["pool"], r["page_size"]): r for r in rows}
     out = ["## Replay cost, old vs new (valgrind cachegrind, deterministic)", "",
            "Instructions (Ir) and estimated cycles (Ir + 10 x L1 misses + 100 x last-level misses) of the",
@@ -74,22 +76,34 @@ def _cachegrind(rows: list) -> List[str]:
                 "| C function | page 1 | page 16 | difference | share of the difference |", "|---|---:|---:|---:|---:|"]
         for f, d in sorted(delta.items(), key=lambda kv: -abs(kv[1]))[:14]:
             out.append(f"| `{f}` | {_m(f1.get(f, 0))} | {_m(f16.get(f, 0))} | {_m(d)} | {d / extra:.0%} |")
+    if forms:
+        out += ["", "The same replay given `array('q')` prompts, as SGLang's `Req` holds them (`--tokens array_q`;",
+                "made before the loop, so `admit`'s conversion is counted), against the `uint32` rows above:", "",
+                "| tokens | page | version | Ir | est. cycles | / same version with uint32 (est. cycles) |",
+                "|---|---:|---|---:|---:|---:|"]
+        for r in sorted(forms, key=lambda r: (r["tokens"], r["page_size"], r["pool"] != "old")):
+            base = by.get((r["pool"], r["page_size"]))
+            ratio = f"{r['est_cycles'] / base['est_cycles']:.2f}" if base else ""
+            out.append(f"| {r['tokens']} | {r['page_size']} | {r['pool']} | {_m(r['Ir'])} | {_m(r['est_cycles'])} | {ratio} |")
     return out + [""]
 
 
 def _cpu(rows: list) -> List[str]:
     out = ["## Replay CPU time, old vs new (process_time of the loop, alternating in one process)", "",
-           "| run | version | page | min (s) | every run (s) | 1-min load |", "|---|---|---:|---:|---|---:|"]
-    for r in sorted(rows, key=lambda r: (r.get("tag") or "", r["page_size"], r["pool"] != "old")):
-        out.append(f"| {r.get('tag') or ''} | {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
+           "| run | tokens | version | page | min (s) | every run (s) | 1-min load |", "|---|---|---|---:|---:|---|---:|"]
+    for r in sorted(rows, key=lambda r: (r.get("tag") or "", r.get("tokens", "uint32"), r["page_size"], r["pool"] != "old")):
+        out.append(f"| {r.get('tag') or ''} | {r.get('tokens', 'uint32')} | {r['pool']} | {r['page_size']} | {r['cpu_s_min']:.3f} | "
                    f"{', '.join(f'{x:.3f}' for x in r['cpu_s'])} | {r['load_avg_1m']:.1f} |")
-    for tag in sorted({r.get("tag") or "" for r in rows}):
-        by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows if (r.get("tag") or "") == tag}
+    for tag, tokens in sorted({(r.get("tag") or "", r.get("tokens", "uint32")) for r in rows}):
+        by = {(r["pool"], r["page_size"]): r["cpu_s_min"] for r in rows
+              if (r.get("tag") or "") == tag and r.get("tokens", "uint32") == tokens}
         ratios = [f"page 1 / page 16, {pool}: {by[(pool, 1)] / by[(pool, 16)]:.2f}x"
                   for pool in ("old", "new") if (pool, 1) in by and (pool, 16) in by]
         if ("old", 16) in by and ("new", 16) in by:
             ratios.append(f"page 16, new / old: {by[('new', 16)] / by[('old', 16)]:.2f}x")
-        out += ["", f"Min CPU time{f' ({tag})' if tag else ''}: " + "; ".join(ratios) + "."]
+        label = ", ".join(x for x in (tag, tokens) if x)
+        ratios.append(f"page 1, new / old: {by[('new', 1)] / by[('old', 1)]:.2f}x" if ("old", 1) in by and ("new", 1) in by else "")
+        out += ["", f"Min CPU time ({label}): " + "; ".join(x for x in ratios if x) + "."]
     hits = sorted({(r["page_size"], r["hit_tokens"], r["evicted_blocks"]) for r in rows})
     out += ["", "Hit tokens and evicted blocks, equal for both versions: "
             + "; ".join(f"page {p}: {h:,} hit tokens, {e:,} evicted blocks" for p, h, e in hits) + "."]
@@ -98,32 +112,35 @@ def _cpu(rows: list) -> List[str]:
 
 def _peers(rows: list) -> List[str]:
     names = {"sglang": "SGLang `RadixCache` (Python)", "sglang-unified": "SGLang `UnifiedRadixCache` (Rust core, its default)"}
+    ours = {"radixkv": "uint32", "radixkv-q": "array('q')"}
     out = ["## Side by side with SGLang's caches (bench/peers/compare.py)", "",
            "Each row is one compare.py run (its repetitions alternate the peers in one process); radixkv's",
-           "ratio divides its best rate by the peer's best, and its median rate by the peer's median.", "",
-           "| run | page | blocks | peer | radixkv req/s | peer req/s | radixkv / peer, best | same, medians |"
+           "ratio divides its best rate by the peer's best, and its median rate by the peer's median.",
+           "SGLang is given `array('q')` (what its `Req` holds); radixkv `uint32` arrays (`radixkv`) or the",
+           "same `array('q')` (`radixkv-q`: its conversion is inside the timed `admit`).", "",
+           "| run | page | blocks | radixkv given | peer | radixkv req/s | peer req/s | radixkv / peer, best | same, medians |"
            " radixkv p50 us | peer p50 us | hit tokens radixkv / peer | 1-min load |",
-           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["page_size"], r.get("tag") or "")):
-        rk = r["peers"]["radixkv"]
-        for peer, name in names.items():
-            if peer not in r["peers"]:
-                continue
-            sg = r["peers"][peer]
-            out.append(f"| {r.get('tag') or ''} | {r['page_size']} | {r['num_blocks']:,} | {name} | "
+        pairs = [(us, form, peer, name) for us, form in ours.items() for peer, name in names.items()
+                 if us in r["peers"] and peer in r["peers"]]
+        for us, form, peer, name in pairs:
+            rk, sg = r["peers"][us], r["peers"][peer]
+            out.append(f"| {r.get('tag') or ''} | {r['page_size']} | {r['num_blocks']:,} | {form} | {name} | "
                        f"{rk['requests_per_second']:,.0f} | {sg['requests_per_second']:,.0f} | "
                        f"{rk['requests_per_second'] / sg['requests_per_second']:.2f} | "
                        f"{statistics.median(rk['all_rates']) / statistics.median(sg['all_rates']):.2f} | "
                        f"{rk['per_request_us']['p50']:.0f} | {sg['per_request_us']['p50']:.0f} | "
                        f"{rk['hit_tokens']:,} / {sg['hit_tokens']:,} | {r['load_avg_1m']:.1f} |")
-    for peer, name in names.items():
-        page1 = [r for r in rows if r["page_size"] == 1 and peer in r["peers"]]
-        if page1:
-            best = [r["peers"]["radixkv"]["requests_per_second"] / r["peers"][peer]["requests_per_second"] for r in page1]
-            med = [statistics.median(r["peers"]["radixkv"]["all_rates"]) / statistics.median(r["peers"][peer]["all_rates"])
-                   for r in page1]
-            out += ["", f"Page 1, radixkv / {name}: {min(best):.2f}-{max(best):.2f}x (best), "
-                        f"{min(med):.2f}-{max(med):.2f}x (medians) over {len(page1)} runs; target >= {TARGET_PEER_SPEEDUP}x."]
+    for us, form in ours.items():
+        for peer, name in names.items():
+            page1 = [r for r in rows if r["page_size"] == 1 and peer in r["peers"] and us in r["peers"]]
+            if page1:
+                best = [r["peers"][us]["requests_per_second"] / r["peers"][peer]["requests_per_second"] for r in page1]
+                med = [statistics.median(r["peers"][us]["all_rates"]) / statistics.median(r["peers"][peer]["all_rates"])
+                       for r in page1]
+                out += ["", f"Page 1, radixkv given {form} / {name}: {min(best):.2f}-{max(best):.2f}x (best), "
+                            f"{min(med):.2f}-{max(med):.2f}x (medians) over {len(page1)} runs; target >= {TARGET_PEER_SPEEDUP}x."]
     return out + [""]
 
 
@@ -157,11 +174,13 @@ def render(paths: List[str]) -> str:
              f"Python {machine.get('python', '?')}, numpy {machine.get('numpy', '?')}.", "",
              "Regenerate:", "",
              f"    .venv/bin/python bench/perf/page1.py --old-rev {'/'.join(revs) or 'REV'} --cachegrind --out bench/results/page1.jsonl",
+             f"    .venv/bin/python bench/perf/page1.py --old-rev {'/'.join(revs) or 'REV'} --cachegrind --pages 1 --tokens array_q \\",
+             "        --out bench/results/page1.jsonl",
              f"    .venv/bin/python bench/perf/page1.py --old-rev {'/'.join(revs) or 'REV'} --repeat 5 --out bench/results/page1.jsonl",
              "    for run in 1 2 3; do for page in 1 16; do   # from the checkout's root, with the peers' venv",
              "      bench/peers/.venv/bin/python bench/peers/here.py bench/peers/compare.py --traces mooncake_conversation \\",
              "        --limit 2000 --capacities $((2999808 / page)) --page-size $page --repeat 3 \\",
-             "        --peers radixkv sglang sglang-unified --tag run$run --out bench/results/page1_unified.jsonl",
+             "        --peers radixkv radixkv-q sglang sglang-unified --tag run$run --out bench/results/page1_unified.jsonl",
              "    done; done",
              "    RADIXKV_BENCH_PAGE=1 .venv/bin/python -m pytest bench/perf/test_micro.py --benchmark-only \\",
              "        --benchmark-disable-gc -k 'not replay' --benchmark-json /tmp/micro1.json",
