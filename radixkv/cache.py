@@ -310,6 +310,7 @@ class PrefixCache:
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.claim()  # one cache per policy: its history is about this cache's pages
+        bound = None  # the lower layer, once it bound to this cache
         try:  # refused from here on (events, the lower layer, the sharing rule): the policy is free again
             self._policy.attach(self)
             # Hooks the policy leaves at the base class's no-op are not called at all.
@@ -324,12 +325,15 @@ class PrefixCache:
                 self._spill = None  # _evict skips the call
             else:
                 lower.bind(self)
+                bound = lower
             # block <-> chain hash of every cached page: the recorder's, or attach_page_hashes's
             self._page_hashes: Optional[PageHashIndex] = self._events.index if self._events is not None else None
             self._observe()
             self._sharing.bind()  # last: a rule that keeps records serves one cache
         except BaseException:
             self._policy.unclaim()
+            if bound is not None:  # its tiers (and their policies) are free again too
+                bound.unbind(self)
             raise
 
     # ------------------------------------------------------------------ counters

@@ -60,6 +60,11 @@ class LowerLayer:
     def bind(self, cache: "PrefixCache") -> None:
         """Called once, at the end of the engine's constructor: the cache this layer serves."""
 
+    def unbind(self, cache: "PrefixCache") -> None:
+        """Undo :meth:`bind`: ``cache``'s construction was refused after it (a sharing rule that
+        serves another cache), so nothing was ever cached through this layer, and it and what it
+        holds (tiers, their policies) must be free for the corrected call. Default: nothing."""
+
     # ------------------------------------------------------------------ store
     def evicting(self, node: Node, k: int) -> None:
         """HBM is about to evict the last ``k`` pages of leaf ``node`` (its blocks still hold them).

@@ -172,6 +172,7 @@ class TierLayer(LowerLayer):
             raise
         for tier in tiers:
             tier.attach(page_size, *self._kv)
+        self._given_cost_model = self.cost_model
         self.cost_model = cost_model
         self.cache = cache
         payload = cache.payload
@@ -190,6 +191,16 @@ class TierLayer(LowerLayer):
             self.stack.journal = []  # residency changes below HBM, reported by report
         self.zero_stats()
 
+    def unbind(self, cache: PrefixCache) -> None:
+        """Undo :meth:`bind` for a cache whose construction was refused after it: the tiers leave
+        the stack and give their policies back, so the corrected call may use them. O(tiers)."""
+        if self.cache is not cache:
+            return
+        for tier in self._tiers:
+            tier.stack = None
+            tier.policy.unclaim()
+        self.cost_model = self._given_cost_model
+        self.cache = self.stack = None
     def _new_spill_tree(self) -> None:
         self.stack.tree.on_root_emptied = self._spill_root_emptied
 
