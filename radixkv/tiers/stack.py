@@ -250,7 +250,12 @@ class TierStack:
             level = self._index[id(tier)]
             copy.blockers = sum(self._blocks(c, level) for c in node.children.values())
         self._set_ext(node, copy)
-        tier.policy.on_insert(node, stamp)
+        try:
+            tier.policy.on_insert(node, stamp)
+        except BaseException:  # the copy is not made: in flight again (the operation drops it), slots back
+            self._set_ext(node, IN_FLIGHT)
+            self._give(tier, slots)
+            raise
         self._rank(node)
         tier.on_assign(node)
         self._note("stored", node, tier, src)
@@ -260,13 +265,20 @@ class TierStack:
 
         ``kind`` is journaled: ``"removed"``, or ``"promoted"`` when the pages move up to HBM.
         ``rank``: the priority ``node`` was evicted at (``None``: it was not a victim).
+        If the policy's ``on_evict`` raises, the copy leaves all the same (in flight, its slots
+        back to the tier, for the operation to drop) and the error propagates.
         """
         copy = node.ext
         tier = copy.tier
         self._note(kind, node, tier)
         tier.on_release(node)
         tier.victims.discard(node)
-        tier.policy.on_evict(node, node.num_pages, rank)
+        try:
+            tier.policy.on_evict(node, node.num_pages, rank)
+        except BaseException:
+            self._set_ext(node, IN_FLIGHT)
+            self._give(tier, copy.slots)
+            raise
         self._set_ext(node, IN_FLIGHT)
         return copy
 
@@ -420,40 +432,52 @@ class TierStack:
         by_tier: List[Tuple[str, int]] = []
         released: List[Node] = []
         lost: List[Node] = []
-        for node in run:
-            if got >= max_pages:
-                break
-            want = min(node.num_pages, max_pages - got)
-            use = self._split(node, want) if want < node.num_pages else node
-            copy: Copy = use.ext
-            tier = copy.tier
-            data, ok = self._read(tier, copy.slots)
-            if data is not None and copy.sums is not None and ok.any():
-                ok &= checksums(data) == copy.sums
-            good = len(ok) if ok.all() else int(np.argmin(ok))
-            if good < len(ok):
-                gone = self._lost(tier, copy.slots)
-                self.lost_pages += int(np.count_nonzero(~ok & gone))
-                self.integrity_misses += int(np.count_nonzero(~ok & ~gone))
-                upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
-                self._give(tier, self._release(use).slots)
-                self._set_ext(use, None)
-                lost.append(use)
-                if upper is None:
+        try:
+            for node in run:
+                if got >= max_pages:
                     break
-                use = upper
-                data = None if data is None else data[:good]
-            if data is not None:
-                parts.append(data[:good])
-            by_tier.append((tier.name, good))
-            self.ledger.record(tier.name, HBM, good * self.page_bytes)
-            got += good
-            if exclusive:
-                self._give(tier, self._release(use, "promoted").slots)
-                self._set_ext(use, None)
-                released.append(use)
-            if good < want:
-                break
+                want = min(node.num_pages, max_pages - got)
+                use = self._split(node, want) if want < node.num_pages else node
+                copy: Copy = use.ext
+                tier = copy.tier
+                data, ok = self._read(tier, copy.slots)
+                if data is not None and copy.sums is not None and ok.any():
+                    ok &= checksums(data) == copy.sums
+                good = len(ok) if ok.all() else int(np.argmin(ok))
+                if good < len(ok):
+                    gone = self._lost(tier, copy.slots)
+                    self.lost_pages += int(np.count_nonzero(~ok & gone))
+                    self.integrity_misses += int(np.count_nonzero(~ok & ~gone))
+                    upper = self._split(use, good) if good else None  # ``use`` keeps the bad tail
+                    self._give(tier, self._release(use).slots)
+                    self._set_ext(use, None)
+                    lost.append(use)
+                    if upper is None:
+                        break
+                    use = upper
+                    data = None if data is None else data[:good]
+                if data is not None:
+                    parts.append(data[:good])
+                by_tier.append((tier.name, good))
+                self.ledger.record(tier.name, HBM, good * self.page_bytes)
+                got += good
+                if exclusive:
+                    self._give(tier, self._release(use, "promoted").slots)
+                    self._set_ext(use, None)
+                    released.append(use)
+                if good < want:
+                    break
+        except BaseException:  # a tier policy raised releasing a copy: what it left in flight is dropped
+            self._drop_in_flight()
+            self._tidy_fetch(lost, released)
+            raise
+        self._tidy_fetch(lost, released)
+        payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+        return got, payload, by_tier
+
+    def _tidy_fetch(self, lost: List[Node], released: List[Node]) -> None:
+        """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and
+        the placeholders the pages read left behind are removed."""
         for node in lost:  # the copies below a bad page go with it (see _lose)
             if node.gen >= 0:
                 self._lose(node)
@@ -461,8 +485,6 @@ class TierStack:
             if node.gen >= 0:
                 self._gc(node)
         self._sweep_lost()
-        payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
-        return got, payload, by_tier
 
     def peek(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> int:
         """Pages ``pos, ...`` of ``data`` held below HBM, consecutive; changes nothing. O(path)."""

@@ -123,9 +123,6 @@ class OnInsertRaisingLRU(LRU):
         super().on_insert(node, now)
 
 
-@pytest.mark.xfail(strict=True, reason="a tier policy's on_insert raising in a demotion leaves the node a resident "
-                                       "copy (not in flight, so _drop_in_flight keeps it) that is in no victim "
-                                       "queue and has no policy state: check() fails, its slots never come back")
 def test_a_tier_on_insert_raising_in_a_demotion_leaves_the_spill_tree_consistent():
     """tiers.stack: a tier policy hook raising while pages move down fails the operation and
     drops what it could not place; here the copy is made (ext set) before ``on_insert`` raises,
@@ -157,9 +154,6 @@ class OnEvictRaisingLRU(LRU):
         super().on_evict(node, pages, rank)
 
 
-@pytest.mark.xfail(strict=True, reason="a tier policy's on_evict raising while a load from below releases the copy "
-                                       "(stack.fetch -> _release) leaves the node out of the tier's victim queue "
-                                       "but still resident: check() fails")
 def test_a_tier_on_evict_raising_in_a_load_from_below_leaves_the_spill_tree_consistent():
     from radixkv.tiers import HostTier, TieredCache
 
@@ -176,9 +170,6 @@ def test_a_tier_on_evict_raising_in_a_load_from_below_leaves_the_spill_tree_cons
 
 
 
-@pytest.mark.xfail(strict=True, reason="a construction refused at the sharing rule (after lower.bind) gives the HBM "
-                                       "policy back but leaves the tiers bound to the refused cache: the corrected "
-                                       "call is refused with TierConfigError")
 def test_a_construction_refused_after_the_tiers_bound_leaves_them_free_for_the_corrected_call():
     """PrefixCache.__init__ gives the policy back when construction fails, so the corrected call
     may use it; the tiers the refused cache bound (TierLayer.bind, Tier.attach) served no page
