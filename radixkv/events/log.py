@@ -239,16 +239,26 @@ class EventLog:
 
     # ------------------------------------------------------------ engine hooks (a page observer)
     def stored(self, leaf: "Node") -> None:
-        """``leaf`` was just added holding newly cached pages: index them, emit ``BlockStored``."""
+        """``leaf`` was just added holding newly cached pages: index them, emit ``BlockStored``.
+
+        All or nothing: if making the event raises (a hash function), the pages are unindexed
+        again before the error propagates, so the undo of the insert (which tells every
+        observer :meth:`removed`) emits no ``BlockRemoved`` for pages no consumer was told of.
+        """
         parent_hash, hashes, namespace = self.index.stored(leaf)
-        extra = None
-        if namespace is not None:
-            extra = [(namespace,)] + [None] * (len(hashes) - 1)
-        hasher = self.index.hasher
-        self._events.append(BlockStored(
-            hasher.event_hashes(hashes), hasher.event_hash(parent_hash) if parent_hash is not None else None,
-            node_tokens(leaf, self.index.page_size).ravel().tolist(), self.index.page_size,
-            None, MEDIUM_GPU, None, extra))
+        try:
+            extra = None
+            if namespace is not None:
+                extra = [(namespace,)] + [None] * (len(hashes) - 1)
+            hasher = self.index.hasher
+            event = BlockStored(
+                hasher.event_hashes(hashes), hasher.event_hash(parent_hash) if parent_hash is not None else None,
+                node_tokens(leaf, self.index.page_size).ravel().tolist(), self.index.page_size,
+                None, MEDIUM_GPU, None, extra)
+        except BaseException:
+            self.index.removed(leaf.blocks)
+            raise
+        self._events.append(event)
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` are about to go back to the pool: unindex them, emit ``BlockRemoved``."""

@@ -66,8 +66,6 @@ def test_an_undone_leaf_does_not_stay_in_the_pending_set():
     assert not dead, f"{len(dead)} undone leaves still held by the pending set"
 
 
-@pytest.mark.xfail(strict=True, reason="when the event recorder's stored raises after indexing, the undo "
-                                       "emits BlockRemoved for pages that had no BlockStored")
 def test_an_undone_insert_emits_no_removal_of_unannounced_pages(monkeypatch):
     """Event consumers pair every BlockRemoved with an earlier BlockStored. If the recorder's
     ``stored`` fails after indexing the pages but before the BlockStored event, the undo tells
