@@ -47,6 +47,36 @@ _INT64_CODES = frozenset(code for code in "lq" if array.array(code).itemsize == 
 _LITTLE = sys.byteorder == "little"  # an int64's low 32 bits are its first four bytes
 
 
+def _casts_same_value() -> bool:
+    """Whether numpy checks a narrowing cast in the cast itself (``casting="same_value"``, numpy 2.4)."""
+    try:
+        np.array([1], dtype=np.int64).astype(TOKEN_DTYPE, casting="same_value")
+    except (TypeError, ValueError):
+        return False
+    try:
+        np.array([-1], dtype=np.int64).astype(TOKEN_DTYPE, casting="same_value")
+    except ValueError:
+        return True
+    return False  # (a numpy that took the word but did not check)
+
+
+_SAME_VALUE = _casts_same_value()
+
+
+def _narrow_int64(arr: np.ndarray) -> Optional[np.ndarray]:
+    """Native ``int64`` ``arr`` (1-D) as a new ``uint32`` array if every token is in ``[0, 2**32)``,
+    else ``None``. One pass where numpy checks the cast itself; else a range pass (seen as
+    unsigned, a negative is >= 2**63: both ends at once) and the cast. O(len(arr)) at C speed."""
+    if _SAME_VALUE:
+        try:
+            return arr.astype(TOKEN_DTYPE, casting="same_value")
+        except ValueError:
+            return None
+    if len(arr) and _max(arr.view(_U64)) >= _U32_BOUND:
+        return None
+    return arr.astype(TOKEN_DTYPE)
+
+
 def uint32_array(value: object, name: str, error: type = ArgumentValueError, bound: int = _U32_BOUND) -> np.ndarray:
     """Return ``value`` as a 1-D ``uint32`` numpy array of integers in ``[0, bound)``, or raise.
 
@@ -125,12 +155,12 @@ def _from_ndarray(arr: np.ndarray, name: str, error: type, bound: int) -> np.nda
     if arr.ndim != 1:
         raise error(f"{name} must be 1-D, got an array of shape {arr.shape}")
     if arr.dtype == _I64 and bound == _U32_BOUND:
-        # The engines' form (SGLang's array('q'), vLLM's and torch's int64): one pass checks
-        # both ends (a negative seen as unsigned is >= 2**63), one casts. The general path below
-        # gives the same verdict for ~5 us more per call.
-        if len(arr) and _max(arr.view(_U64)) >= _U32_BOUND:
+        # The engines' form (SGLang's array('q'), vLLM's and torch's int64): the general path
+        # below gives the same verdict for ~5 us more per call.
+        narrow = _narrow_int64(arr)
+        if narrow is None:
             _raise_out_of_range(arr, name, error, bound)
-        return arr.astype(TOKEN_DTYPE)
+        return narrow
     kind = arr.dtype.kind
     if kind == "u" or kind == "i":
         if arr.dtype.char in "qQ":  # C long long: the same bytes as (u)int64, on faster loops
@@ -237,9 +267,9 @@ def as_tokens(tokens: TokensLike, name: str = "tokens") -> np.ndarray:
     if cls is np.ndarray and tokens.dtype == TOKEN_DTYPE and tokens.ndim == 1:
         return np.ascontiguousarray(tokens)
     if cls is array.array and tokens.typecode in _INT64_CODES:  # SGLang's array('q'): the short way
-        wide = np.frombuffer(tokens, _U64)  # a negative seen as unsigned is >= 2**63: one pass, both ends
-        if not len(wide) or _max(wide) < _U32_BOUND:
-            return wide.astype(TOKEN_DTYPE)
+        narrow = _narrow_int64(np.frombuffer(tokens, _I64))
+        if narrow is not None:
+            return narrow
     return uint32_array(tokens, name, InvalidTokensError)
 
 
@@ -247,16 +277,21 @@ def page_key(tokens: TokensLike, page_size: int, name: str = "tokens") -> Tuple[
     """The key of ``tokens``' whole pages and their number: ``(bytes, num_pages)``, the bytes those of
     :func:`as_tokens` (``uint32``) for the first ``num_pages * page_size`` tokens; raises as it does.
 
-    Cost: one copy of the pages' tokens; for ``array('q')`` (SGLang's requests) one checking
-    pass over the ``int64`` tokens and one strided copy of their low halves straight into the
-    key, where narrowing to an array and copying that out would be two passes and a buffer
-    (8% fewer instructions per page-1 admission, cachegrind).
+    Cost: one copy of the pages' tokens; for ``array('q')`` (SGLang's requests) one pass that
+    checks and narrows the ``int64`` tokens (numpy's ``same_value`` cast) and the copy, ~5%
+    faster per page-1 admission than a range pass then a strided copy of their low halves
+    straight into the key, which older numpy gets (and ~25% faster than the general path).
     """
-    if tokens.__class__ is array.array and tokens.typecode in _INT64_CODES and _LITTLE:
-        wide = np.frombuffer(tokens, _U64)  # a negative seen as unsigned is >= 2**63: one pass, both ends
-        if not len(wide) or _max(wide) < _U32_BOUND:
-            num_pages = len(wide) // page_size
-            return wide[: num_pages * page_size].view(TOKEN_DTYPE)[::2].tobytes(), num_pages
+    if tokens.__class__ is array.array and tokens.typecode in _INT64_CODES:
+        num_pages = len(tokens) // page_size
+        if _SAME_VALUE or not _LITTLE:
+            narrow = _narrow_int64(np.frombuffer(tokens, _I64))
+            if narrow is not None:
+                return narrow[: num_pages * page_size].tobytes(), num_pages
+        else:
+            wide = np.frombuffer(tokens, _U64)  # a negative seen as unsigned is >= 2**63: one pass, both ends
+            if not len(wide) or _max(wide) < _U32_BOUND:
+                return wide[: num_pages * page_size].view(TOKEN_DTYPE)[::2].tobytes(), num_pages
     arr = as_tokens(tokens, name)
     num_pages = len(arr) // page_size
     return arr[: num_pages * page_size].tobytes(), num_pages

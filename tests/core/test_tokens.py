@@ -258,3 +258,28 @@ def test_page_keys_follow_the_same_rule(items, page_size):
             assert got == (want[: 4 * n * page_size], n), label
         else:
             assert got == verdicts(items, as_tokens)[label], label
+
+
+@given(items=st.lists(elements, max_size=9), page_size=st.integers(1, 4))
+def test_int64_tokens_follow_the_rule_on_either_cast(items, page_size):
+    """The int64 short ways (numpy's checked cast where it has one, a range pass then a cast or
+    a strided copy where not) give as_tokens and page_key the list's verdict either way."""
+    import radixkv.keys as keys
+
+    want = verdicts(items, as_tokens)["list"]
+    for same_value in (True, False) if keys._SAME_VALUE else (False,):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(keys, "_SAME_VALUE", same_value)
+            for label, value in forms(items):
+                if label.startswith(("array('q')", "array('l')", "ndarray int64", "strided ndarray int64")):
+                    try:
+                        got = as_tokens(value).tobytes()
+                    except (TypeError, ValueError) as exc:
+                        got = (type(exc), str(exc))
+                    assert got == want, (label, same_value)
+                    try:
+                        key = page_key(value, page_size)
+                    except (TypeError, ValueError) as exc:
+                        key = (type(exc), str(exc))
+                    n = len(items) // page_size
+                    assert key == (want if not isinstance(want, bytes) else (want[: 4 * n * page_size], n)), label
