@@ -43,7 +43,9 @@ lane heads radixkv's ``density`` compares, instead of every block).
 
 Reported: token hit rate over the whole trace, its first and second half
 (the halves of one replay), and the share of the LRU-to-Belady gap each
-closes (LRU and Belady from radixkv's replay of the same halves).
+closes (LRU and Belady from radixkv's replay of the same halves; their
+per-request hits are kept in ``/tmp/density_exact_ref_<trace>_<blocks>.json``
+between runs).
 
 Findings at 3M tokens (``bench/results/density_exact.md``): on the
 conversation trace the rule as written (``H`` = the eviction age) closes
