@@ -112,7 +112,7 @@ def cachegrind(args) -> None:
             skip = skips[name]
             c = cachegrind_minus(counts(["--pools", name, "--pages", str(page)]), skip)
             row = {"bench": "page1-cachegrind", "pool": name, "pool_rev": "worktree" if name == "new" else args.old_rev,
-                   "page_size": page, "requests": args.limit, "capacity_tokens": CAPACITY_TOKENS,
+                   "page_size": page, "tokens": args.tokens, "requests": args.limit, "capacity_tokens": CAPACITY_TOKENS,
                    "Ir": c["Ir"], "est_cycles": c["est_cycles"],
                    "functions_Ir": dict(sorted(c["functions"].items(), key=lambda fv: -abs(fv[1]))[:40]),
                    "machine": machine_facts.machine(), "tag": args.tag}
