@@ -121,17 +121,23 @@ def test_exponential_reuse_matches_the_formula():
     assert np.all(np.diff(p_reuse[0]) <= 0)
 
 
-@pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
-def test_learns_windows_and_keeps_the_ghost_bounded(cls):
-    rng = np.random.default_rng(3)
-    policy = cls(refit_every=20, min_pages=20)
+def replay_shared_prefixes(policy, seed: int, rounds: int) -> None:
+    """Admit ``rounds`` requests sharing prefixes of 8 bases (two namespaces) through a 30-block
+    cache under ``policy``, checking the cache and the ghost's bound after each."""
+    rng = np.random.default_rng(seed)
     cache = PrefixCache(num_blocks=30, page_size=2, policy=policy)
     bases = [rng.integers(0, 50, size=24).tolist() for _ in range(8)]
-    for _ in range(400):
+    for _ in range(rounds):
         tokens = bases[rng.integers(0, 8)][: rng.integers(4, 25)] + rng.integers(0, 50, size=rng.integers(0, 8)).tolist()
         cache.admit(tokens, namespace=[None, "x"][rng.integers(0, 2)]).release()
         cache.check()
         assert policy.history.pages <= 4 * cache.num_blocks
+
+
+@pytest.mark.parametrize("cls", [HitDensity, WorkloadAware])
+def test_learns_windows_and_keeps_the_ghost_bounded(cls):
+    policy = cls(refit_every=20, min_pages=20)
+    replay_shared_prefixes(policy, seed=3, rounds=400)
     assert policy.theta is not None and policy.windows.max() > 0  # past LRU: windows were fitted
     if cls is HitDensity:  # pages used again share one window, at least any first use's
         reused = policy.windows[policy.class_of(2, 0, 0):]

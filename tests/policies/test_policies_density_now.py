@@ -12,6 +12,7 @@ from radixkv.policies.density import HitDensity
 from radixkv.policies.reuse import BINS
 from radixkv.victims import LaneQueue, make_queue
 
+from .test_policies_density import replay_shared_prefixes
 from .test_policies_density_rerank import LONG, SHORT, _order
 
 
@@ -73,15 +74,8 @@ def test_pages_used_again_are_ranked_by_their_own_density():
 
 
 def test_learns_a_table_and_keeps_the_ghost_bounded():
-    rng = np.random.default_rng(5)
     policy = HitDensity(refit_every=20, min_pages=20, rank="density", horizon_factor=2.0)
-    cache = PrefixCache(num_blocks=30, page_size=2, policy=policy)
-    bases = [rng.integers(0, 50, size=24).tolist() for _ in range(8)]
-    for _ in range(300):
-        tokens = bases[rng.integers(0, 8)][: rng.integers(4, 25)] + rng.integers(0, 50, size=rng.integers(0, 8)).tolist()
-        cache.admit(tokens, namespace=[None, "x"][rng.integers(0, 2)]).release()
-        cache.check()
-        assert policy.history.pages <= 4 * cache.num_blocks
+    replay_shared_prefixes(policy, seed=5, rounds=300)
     table = policy.densities
     assert table is not None and table.shape == (policy.num_classes, BINS) and table.max() > 0
 
