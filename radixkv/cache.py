@@ -419,6 +419,8 @@ class PrefixCache:
             served, decision = self._tenancy.serve(tenant, blocks)
             self._tenancy.served(tenant, decision)
             if served < pos:
+                if self._lower is not None:
+                    self._lower.refused(pos - served)
                 node, blocks = self._cut(node, served), blocks[:served]
         return MatchResult(len(blocks) * self.page_size, blocks, NodeHandle(node, node.gen))
 
@@ -822,6 +824,8 @@ class PrefixCache:
         if self._tenancy is not None:
             hit_blocks = extents.to_array(extents.join(path))
             served, decision = self._tenancy.serve(tenant, hit_blocks)
+            if served < pos and self._lower is not None:
+                self._lower.refused(pos - served)
         if need or served < pos:
             # Ask the policy first, so pages it declines cost no eviction.
             keep = self._admit_pages(node, data, pos, need, now)

@@ -60,6 +60,11 @@ class LowerLayer:
     def bind(self, cache: "PrefixCache") -> None:
         """Called once, at the end of the engine's constructor: the cache this layer serves."""
 
+    def refused(self, pages: int) -> None:
+        """The cache's sharing rule served the request it looked up last (:meth:`lookup` with
+        ``use``) ``pages`` fewer pages than were found: the last ``pages`` of the match, which the
+        request computes itself. A layer that counted them as hits takes them back. Default: nothing."""
+
     def unbind(self, cache: "PrefixCache") -> None:
         """Undo :meth:`bind`: ``cache``'s construction was refused after it (a sharing rule that
         serves another cache), so nothing was ever cached through this layer, and it and what it
