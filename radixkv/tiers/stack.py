@@ -53,7 +53,8 @@ it as it happens, in order: the tier layer turns it into events.
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -129,6 +130,7 @@ class TierStack:
         """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
         self._warned = False
         self._unranked: Dict[Node, None] = {}  # resident nodes whose tier policy raised ranking them
+        self._deferred: Optional[List[BaseException]] = None  # see _completing
 
     @property
     def num_pages(self) -> int:
@@ -275,12 +277,31 @@ class TierStack:
         tier.victims.discard(node)
         try:
             tier.policy.on_evict(node, node.num_pages, rank)
-        except BaseException:
-            self._set_ext(node, IN_FLIGHT)
-            self._give(tier, copy.slots)
-            raise
+        except BaseException as exc:
+            if self._deferred is None:
+                self._set_ext(node, IN_FLIGHT)
+                self._give(tier, copy.slots)
+                raise
+            self._deferred.append(exc)  # a forgetting operation: it goes on, then raises (_completing)
         self._set_ext(node, IN_FLIGHT)
         return copy
+
+    @contextmanager
+    def _completing(self) -> Iterator[None]:
+        """Run an operation that forgets copies (:meth:`reset`, :meth:`discard`, ...) to its end
+        even if a tier policy's ``on_evict`` raises in it: every copy it meant to forget still
+        goes, then the first such error is raised. Nested uses defer to the outermost."""
+        if self._deferred is not None:
+            yield
+            return
+        errors: List[BaseException] = []
+        self._deferred = errors
+        try:
+            yield
+        finally:
+            self._deferred = None
+        if errors:
+            raise errors[0]
 
     def _split(self, node: Node, pages: int) -> Node:
         """Cut ``node`` after ``pages`` pages; return the new upper node (``node`` keeps the tail)."""
@@ -331,8 +352,9 @@ class TierStack:
         """Forget resident ``node``'s copy: its slots go back to its tier, the node leaves the spill
         tree (with placeholders above it that held nothing else). For storage that is gone (a crashed
         lender); the caller forgets the copies below first. O(depth)."""
-        node.ext.tier.give(self._release(node).slots)
-        self._drop(node)
+        with self._completing():
+            node.ext.tier.give(self._release(node).slots)
+            self._drop(node)
 
     def _drop(self, node: Node) -> None:
         self._set_ext(node, None)
@@ -478,6 +500,10 @@ class TierStack:
     def _tidy_fetch(self, lost: List[Node], released: List[Node]) -> None:
         """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and
         the placeholders the pages read left behind are removed."""
+        with self._completing():
+            self._tidy_fetch_now(lost, released)
+
+    def _tidy_fetch_now(self, lost: List[Node], released: List[Node]) -> None:
         for node in lost:  # the copies below a bad page go with it (see _lose)
             if node.gen >= 0:
                 self._lose(node)
@@ -719,7 +745,8 @@ class TierStack:
         top = next(n for n in path if n.end > start)
         if top.start < start:
             self._split(top, start - top.start)
-        return self._drop_copies(top)
+        with self._completing():
+            return self._drop_copies(top)
 
     # ------------------------------------------------------------------ faults
     def _sweep_lost(self) -> None:
@@ -729,6 +756,10 @@ class TierStack:
 
     def forget_lost(self, tier: Tier) -> int:
         """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(spill nodes)."""
+        with self._completing():
+            return self._forget_lost(tier)
+
+    def _forget_lost(self, tier: Tier) -> int:
         forgotten = 0
         for node in list(self.tree.nodes()):
             if node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier is not tier:
@@ -783,12 +814,13 @@ class TierStack:
     def reset(self) -> None:
         """Forget every lower copy (slots back to their tiers)."""
         journal, self.journal = self.journal, None  # the cache reports the reset as a whole
-        for node in list(self.tree.nodes()):
-            if isinstance(node.ext, Copy):
-                tier = node.ext.tier
-                self._give(tier, self._release(node).slots)
-            node.ext = None
-            node.gen = -1  # gone: an anchor to it is stale
-        self.tree = RadixTree(self.tree.page_size)
-        self._unranked.clear()
-        self.journal = None if journal is None else []
+        with self._completing():
+            for node in list(self.tree.nodes()):
+                if isinstance(node.ext, Copy):
+                    tier = node.ext.tier
+                    self._give(tier, self._release(node).slots)
+                node.ext = None
+                node.gen = -1  # gone: an anchor to it is stale
+            self.tree = RadixTree(self.tree.page_size)
+            self._unranked.clear()
+            self.journal = None if journal is None else []

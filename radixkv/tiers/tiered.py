@@ -408,9 +408,11 @@ class TierLayer(LowerLayer):
     def reset(self) -> None:
         """Report what is pending, forget every lower copy and zero the counters."""
         self.report()
-        self.stack.reset()
-        self._new_spill_tree()
-        self.zero_stats()
+        try:  # (a tier policy that raises in it: every copy is forgotten all the same, then the error)
+            self.stack.reset()
+        finally:
+            self._new_spill_tree()
+            self.zero_stats()
 
     def close(self) -> None:
         for tier in self.stack.tiers:

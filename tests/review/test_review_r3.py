@@ -351,3 +351,26 @@ class TieredFaultMachine(FaultMachine):
 
 
 TestTieredFaultMachine = TieredFaultMachine.TestCase
+
+
+def test_a_tier_on_evict_raising_in_a_reset_still_forgets_every_copy():
+    """reset forgets every lower copy through the tier policy's on_evict: one that raises must
+    not stop it half way (a node left in flight, slots never back); the error comes after."""
+    from radixkv.tiers import HostTier, TieredCache
+
+    tier_policy = OnEvictRaisingLRU()
+    cache = TieredCache(4, page_size=1, policy=LRU(), tiers=[HostTier(8, policy=tier_policy)],
+                        write_policy="write_through")
+    cache.admit([1, 2, 3]).release()  # write-through: copies below at the release
+    cache.admit([5, 6]).release()
+    cache.check()
+    assert cache.tier_stats().pages_by_tier["host"] == 5
+    tier_policy.fail = True
+    with pytest.raises(HookError):
+        cache.reset()
+    tier_policy.fail = False
+    assert cache.tier_stats().pages_by_tier["host"] == 0
+    cache.check()
+    for tokens in ([1, 2, 3, 4], [7, 8, 9], [1, 2, 5]):
+        cache.admit(tokens).release()
+        cache.check()
