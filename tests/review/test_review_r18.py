@@ -1,0 +1,125 @@
+"""Defects found in review of the tier-policy fault handling (a tier policy's ``on_insert`` or
+``on_evict`` raising in the spill tree), the node-key views and the int64 token fast paths.
+
+Each test states the behaviour radixkv documents and fails on the current code; they are
+marked ``xfail(strict=True)`` until fixed, so a fix turns them into an XPASS failure that
+asks for the mark to go.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixkv.policies import LRU
+from radixkv.tiers import HostTier, RemoteTier, TieredCache
+
+
+class HookError(RuntimeError):
+    pass
+
+
+class RaisingLRU(LRU):
+    """LRU whose ``on_insert`` / ``on_evict`` raise while ``fail`` names them."""
+
+    name = "raising-lru"
+    fail = ""
+
+    def on_insert(self, node, now):
+        if self.fail == "on_insert":
+            raise HookError("on_insert")
+        super().on_insert(node, now)
+
+    def on_evict(self, node, pages, rank):
+        if self.fail == "on_evict":
+            raise HookError("on_evict")
+        super().on_evict(node, pages, rank)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "cache.py:1458 _abort_admission asks the tier layer to forget the copies below (_forget_below) before it cuts "
+    "the subtree; stack.py:366 _drop_copies lets _release's on_evict error out, leaving that copy in flight, and "
+    "the abort stops there: the aborted pages, which never held KV, stay cached and are served"))
+def test_an_abort_whose_tier_on_evict_raises_still_uncaches_the_aborted_pages():
+    """Admission.abort: 'End the admission without its KV: uncache its new pages'; the engine's
+    abort 'always completes' when a hook raises. Here the aborted pages [1, 2] have a page [3, 4]
+    below them copied to the host tier, whose policy raises while the abort forgets that copy."""
+    tier_policy = RaisingLRU()
+    cache = TieredCache(6, page_size=1, policy=LRU(), tiers=[HostTier(8, policy=tier_policy)])
+    writer = cache.admit([1, 2])  # new pages [1, 2], KV not written yet
+    cache.admit([1, 2, 3, 4]).release()  # shares the pending [1, 2], caches [3, 4]
+    cache.admit([7, 8, 9, 10]).release()  # write-back: [3, 4] go down to the host tier
+    cache.check()
+    assert cache.peek([1, 2, 3, 4]) == (2, 2)
+    tier_policy.fail = "on_evict"
+    with pytest.raises(HookError):
+        writer.abort()
+    tier_policy.fail = ""
+    assert cache.match([1, 2, 3, 4]).num_tokens == 0, "pages of an aborted admission (no KV) are still served"
+    cache.check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stack.py:471 fetch's error path drops what it left in flight with _drop_in_flight (stack.py:582 _drop), not "
+    "_lose: the loaded node's pages are in no tier and not in HBM, yet the copy below it stays, unreachable, "
+    "holding its slot (check: 'lower copies no lookup can reach')"))
+def test_a_load_whose_tier_on_evict_raises_leaves_no_unreachable_copy_below():
+    """A tier policy raising while a load from below releases a copy (stack.fetch -> _release)
+    drops that copy; the host copy of [3] below it can then never be served and must go too."""
+    tier_policy = RaisingLRU()
+    cache = TieredCache(4, page_size=1, policy=LRU(), tiers=[HostTier(8, policy=tier_policy)], load_back="always")
+    cache.admit([1, 2, 3]).release()
+    assert cache.evict(1) == 1 and cache.evict(2) == 2  # host: [1, 2] above [3]
+    cache.check()
+    assert cache.peek([1, 2, 3]) == (0, 3)
+    tier_policy.fail = "on_evict"
+    with pytest.raises(HookError):
+        cache.admit([1, 2])  # loads [1, 2] back: their host copy is released
+    tier_policy.fail = ""
+    cache.check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stack.py:701 demote's error path (and put's, stack.py:571) drops the demoted node with _drop_in_flight "
+    "(stack.py:582 _drop), not _lose: its pages left the host tier and are not in HBM, yet its child's remote "
+    "copy stays, unreachable, holding its slot (check: 'lower copies no lookup can reach')"))
+def test_a_demotion_whose_lower_tier_on_insert_raises_leaves_no_unreachable_copy_below():
+    """Host [1, 2] above remote [3]: the host evicts [1, 2] for room, the remote's policy raises
+    as they arrive (stack._assign), so [1, 2] are lost below HBM and [3] with them."""
+    remote_policy = RaisingLRU()
+    cache = TieredCache(4, page_size=1, policy=LRU(),
+                        tiers=[HostTier(2), RemoteTier(blocks_per_host=8, policy=remote_policy)], load_back="always")
+    cache.admit([1, 2, 3]).release()
+    cache.evict(1)  # [3] to the host
+    cache.admit([5, 6]).release()
+    cache.evict(2)  # [1, 2] to the host, which sends [3] on to the remote tier
+    cache.check()
+    assert cache.tier_stats().pages_by_tier == {"host": 2, "remote": 1}
+    remote_policy.fail = "on_insert"
+    with pytest.raises(HookError):
+        cache.evict(2)  # [5, 6] to the host: it demotes [1, 2] to the remote tier
+    remote_policy.fail = ""
+    cache.check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stack.py:618 _place: when _assign raises for one node, the slots reserved for the nodes after it "
+    "(slots[off:], given back at stack.py:620 only on success) are never given back: the tier leaks them"))
+def test_a_put_whose_on_insert_raises_gives_back_the_slots_of_the_nodes_not_yet_placed():
+    """A put filling two placeholders at once ([1] and [2], split by the branches below them)
+    reserves a slot for each; on_insert raising for the first drops both, and both slots must
+    come back to the tier (check: 'slots used, tree holds ... pages')."""
+    host_policy = RaisingLRU()
+    cache = TieredCache(8, page_size=1, policy=LRU(), tiers=[HostTier(8, policy=host_policy)],
+                        write_policy="write_through")
+    cache.admit([7]).release()
+    root, stack = cache._existing_root(None), cache._stack
+    key = lambda tokens: np.asarray(tokens, dtype=np.uint32).tobytes()  # noqa: E731
+    stack.put(root, key([1, 2, 3]), 2, 3, None)  # placeholder [1, 2] above a copy of [3]
+    stack.put(root, key([1, 9]), 1, 2, None)  # placeholders [1] and [2]; a copy of [9]
+    cache.check()
+    host_policy.fail = "on_insert"
+    with pytest.raises(HookError):
+        stack.put(root, key([1, 2]), 0, 2, None)
+    host_policy.fail = ""
+    cache.check()
