@@ -162,3 +162,31 @@ def test_a_lost_host_swept_after_a_load_leaves_nothing_in_flight_when_on_evict_r
         cache.admit([1, 2, 3])
     tier_policy.countdown = None
     cache.check()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "stack.py:334 forget_copy calls _release, whose on_evict error leaves the copy in flight, and "
+    "lending.py:154 BorrowedTier.forget stops there: Cluster.crash raises with the debtor still holding pages "
+    "lent by the crashed instance, which a later match serves from memory that is gone"))
+def test_a_crash_whose_borrowed_tier_on_evict_raises_still_forgets_every_lent_page():
+    """Cluster.crash: 'the debt is written off, never served from memory that is gone'. Instance
+    0's chain [1] * 8 is lent by instances 1 and 2; instance 2 crashes while instance 0's
+    borrowed tier's policy raises in on_evict."""
+    from ..cluster.test_cluster_ledger import at_instance_0, chain_lent_at_two_creditors
+    from ..tiers.test_tiers_payload import KV
+
+    cluster = chain_lent_at_two_creditors(kv_shape=KV)
+    policy = cluster.instances[0].borrowed.policy
+    real, armed = policy.on_evict, [True]
+
+    def on_evict(node, pages, rank):
+        if armed.pop() if armed else False:
+            raise HookError("on_evict")
+        return real(node, pages, rank)
+
+    policy.on_evict = on_evict
+    with pytest.raises(HookError):
+        cluster.crash(2)
+    assert cluster.manager.debt[:, 2].sum() == 0, "debts to the crashed instance were not written off"
+    assert at_instance_0(cluster, [1] * 8, True) == 0, "pages lent by the crashed instance were served"
+    cluster.check()
