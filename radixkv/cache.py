@@ -986,16 +986,26 @@ class PrefixCache:
         return pages
 
     def reset(self) -> None:
-        """Drop every cached page (blocks back to the pool, or the free-block sink). Raises if anything is protected."""
+        """Drop every cached page (blocks back to the pool, or the free-block sink). Raises
+        :class:`~radixkv.errors.LockError`, changing nothing, if anything is protected. A hook
+        that raises (the policy's ``on_evict``, an observer, a lower tier's policy) does not stop
+        it: every page goes, then the first such error propagates."""
         if self._protected or self._detached or any(root.lock_ref for _, root in self._tree.roots()):
             raise LockError("reset while pages are locked; release them first")
+        error = None  # a hook that raises (a tier's or the policy's): the reset completes, then the first error
         if self._lower is not None:
-            self._lower.reset()
+            try:
+                self._lower.reset()
+            except BaseException as exc:
+                error = exc
         dropped = []
         for node in list(self._tree.nodes()):
             dropped.append(node.blocks)
             if self._on_evict is not None:
-                self._on_evict(node, node.num_pages, None)
+                try:
+                    self._on_evict(node, node.num_pages, None)
+                except BaseException as exc:
+                    error = error or exc
             node.gen = -1
             node.heap_id = 0
         for _, root in self._tree.roots():  # handles to them outlive the reset: they must find nothing
@@ -1007,9 +1017,16 @@ class PrefixCache:
         self._expiry.clear()
         self._expiry_heap.clear()
         for observer in self._observers:
-            observer.cleared()
-        if dropped:
-            self._give_back(np.concatenate(dropped))
+            try:
+                observer.cleared()
+            except BaseException as exc:
+                error = error or exc
+        try:
+            if dropped:
+                self._give_back(np.concatenate(dropped))
+        finally:
+            if error is not None:
+                raise error
 
     def attach_page_index(self, index: Optional[Any]) -> Optional[Any]:
         """Attach (or, with ``None``, detach) a page observer; return the one attached before.
@@ -1459,7 +1476,11 @@ class PrefixCache:
                 for _ in range(self._pins.pop(n)):
                     self._unlock_node(n)
         self._release_admission(node)
-        self._forget_below(top)
+        lower_error = None
+        try:  # a lower tier's policy that raises: the pages leave HBM all the same (they never held KV)
+            self._forget_below(top)
+        except BaseException as exc:
+            lower_error = exc
         parent = top.parent
         del parent.children[top.first]
         if not parent.children:
@@ -1479,6 +1500,7 @@ class PrefixCache:
         # A hook that raises (an observer, the policy's on_evict) is re-raised once every node is
         # accounted for and the freed blocks are back: the abort itself always completes.
         error = self._tell_removed(np.concatenate([n.blocks for n in subtree]))
+        error = lower_error or error
         freed = []
         on_evict = self._on_evict
         for n in subtree:

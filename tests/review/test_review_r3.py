@@ -374,3 +374,21 @@ def test_a_tier_on_evict_raising_in_a_reset_still_forgets_every_copy():
     for tokens in ([1, 2, 3, 4], [7, 8, 9], [1, 2, 5]):
         cache.admit(tokens).release()
         cache.check()
+
+
+def test_a_policy_on_evict_raising_in_a_reset_still_drops_every_page():
+    """PrefixCache.reset drops every cached page; the policy's on_evict raising for one of them
+    must not leave the rest cached (or the tree half reset): every page goes, then the error."""
+    policy = OnEvictRaisingLRU()
+    cache = PrefixCache(8, page_size=1, policy=policy)
+    cache.admit([1, 2, 3]).release()
+    cache.admit([4, 5]).release()
+    policy.fail = True
+    with pytest.raises(HookError):
+        cache.reset()
+    policy.fail = False
+    assert cache.num_cached_blocks == 0 and cache.num_free_blocks == 8
+    assert cache.match([1, 2, 3]).num_tokens == 0
+    cache.check()
+    cache.admit([1, 2, 3]).release()
+    cache.check()
