@@ -43,7 +43,7 @@ import numpy as np
 
 from . import policies as _policies
 from .cache import Admission
-from .errors import ArgumentValueError
+from .errors import ArgumentValueError, LockError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .workload.traces import Request
 from .analysis.replay import pages_loaded
@@ -660,11 +660,22 @@ class Cluster:
         if index >= len(self.instances):
             raise ArgumentValueError(f"index must be < {len(self.instances)} (the instances), got {index!r}")
         inst = self.instances[index]
-        inst.cache.reset()  # raises before any change while pages are locked
+        error = None  # a tier policy that raises: the crash completes, then the first error
+        try:
+            inst.cache.reset()  # raises LockError before any change while pages are locked
+        except LockError:
+            raise
+        except BaseException as exc:  # (the reset itself completed: every copy forgotten)
+            error = exc
         lost = 0
         for debtor in np.flatnonzero(self.manager.debt[:, index]).tolist():
-            lost += self.instances[debtor].borrowed.forget(index)
+            try:
+                lost += self.instances[debtor].borrowed.forget(index)
+            except BaseException as exc:
+                error = error or exc
         self.manager.heartbeat(index)
+        if error is not None:
+            raise error
         return lost
 
     def _prepare(self, requests: List[Request]) -> None:

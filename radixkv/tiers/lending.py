@@ -142,17 +142,20 @@ class BorrowedTier(Tier):
         stack = self.stack
         lo = creditor * self.manager.stride
         pages = 0
-        for slot in sorted(s for s in self.where if lo <= s < lo + self.manager.stride):
-            node = self.where.get(slot)
-            if node is None:  # gone with an earlier page's subtree
-                continue
-            i = int(np.flatnonzero(node.ext.slots == slot)[0])
-            if i:
-                stack.split_copy(node, i)
-            for n in _copies_below(node):
-                pages += n.num_pages
-                stack.forget_copy(n)
-        stack.lost_pages += pages
+        try:
+            with stack.completing():  # a tier policy that raises: every lent page still goes, then the error
+                for slot in sorted(s for s in self.where if lo <= s < lo + self.manager.stride):
+                    node = self.where.get(slot)
+                    if node is None:  # gone with an earlier page's subtree
+                        continue
+                    i = int(np.flatnonzero(node.ext.slots == slot)[0])
+                    if i:
+                        stack.split_copy(node, i)
+                    for n in _copies_below(node):
+                        pages += n.num_pages
+                        stack.forget_copy(n)
+        finally:
+            stack.lost_pages += pages
         return pages
 
     def check(self) -> None:

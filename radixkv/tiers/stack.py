@@ -130,7 +130,7 @@ class TierStack:
         """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
         self._warned = False
         self._unranked: Dict[Node, None] = {}  # resident nodes whose tier policy raised ranking them
-        self._deferred: Optional[List[BaseException]] = None  # see _completing
+        self._deferred: Optional[List[BaseException]] = None  # see completing
 
     @property
     def num_pages(self) -> int:
@@ -282,13 +282,13 @@ class TierStack:
                 self._set_ext(node, IN_FLIGHT)
                 self._give(tier, copy.slots)
                 raise
-            self._deferred.append(exc)  # a forgetting operation: it goes on, then raises (_completing)
+            self._deferred.append(exc)  # a forgetting operation: it goes on, then raises (completing)
         self._set_ext(node, IN_FLIGHT)
         return copy
 
     @contextmanager
-    def _completing(self) -> Iterator[None]:
-        """Run an operation that forgets copies (:meth:`reset`, :meth:`discard`, ...) to its end
+    def completing(self) -> Iterator[None]:
+        """Run an operation that forgets copies (:meth:`reset`, :meth:`discard`, a lender's crash) to its end
         even if a tier policy's ``on_evict`` raises in it: every copy it meant to forget still
         goes, then the first such error is raised. Nested uses defer to the outermost."""
         if self._deferred is not None:
@@ -352,7 +352,7 @@ class TierStack:
         """Forget resident ``node``'s copy: its slots go back to its tier, the node leaves the spill
         tree (with placeholders above it that held nothing else). For storage that is gone (a crashed
         lender); the caller forgets the copies below first. O(depth)."""
-        with self._completing():
+        with self.completing():
             node.ext.tier.give(self._release(node).slots)
             self._drop(node)
 
@@ -500,7 +500,7 @@ class TierStack:
     def _tidy_fetch(self, lost: List[Node], released: List[Node]) -> None:
         """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and
         the placeholders the pages read left behind are removed."""
-        with self._completing():
+        with self.completing():
             self._tidy_fetch_now(lost, released)
 
     def _tidy_fetch_now(self, lost: List[Node], released: List[Node]) -> None:
@@ -600,12 +600,14 @@ class TierStack:
         return anchor
 
     def _drop_in_flight(self) -> None:
-        """Drop every spill-tree node left in flight by an operation a tier policy's exception cut
-        short (their pages are lost below HBM: a recompute, never a wrong answer). O(spill tree)."""
-        for node in sorted(self.tree.nodes(), key=lambda n: -n.end):
-            if node.gen >= 0 and isinstance(node.ext, InFlight):
-                self.dropped_pages += node.num_pages
-                self._drop(node)
+        """Lose every spill-tree node left in flight by an operation a tier policy's exception cut
+        short, with every copy below it (a hit needs the whole prefix: :meth:`_lose`). Their pages
+        are gone below HBM: a recompute, never a wrong answer. O(spill tree)."""
+        with self.completing():
+            for node in sorted(self.tree.nodes(), key=lambda n: -n.end):
+                if node.gen >= 0 and isinstance(node.ext, InFlight):
+                    self.dropped_pages += node.num_pages
+                    self._lose(node)
 
     def _place(self, i: int, nodes: List[Node], pages: Optional[np.ndarray], sums: Optional[np.ndarray],
                start: int, stamp: int, src: str) -> None:
@@ -619,30 +621,35 @@ class TierStack:
         off = stored = 0
         leftover: List[Node] = []
         refused: List[Node] = []
-        for n in nodes:
-            avail = len(slots) - off
-            if avail <= 0:
-                leftover.append(n)
-                continue
-            if avail < n.num_pages:
-                leftover.append(n)  # keeps the tail, still in flight
-                n = self._split(n, avail)
-            k = n.num_pages
-            s = slots[off: off + k]
-            off += k
-            rows = slice(n.start - start, n.end - start)
-            ok = self._write(tier, s, None if pages is None else pages[rows])
-            good = k if ok.all() else int(np.argmin(ok))
-            if good < k:  # the tier refused a write: keep the pages before it, lose the rest
-                self._give(tier, s[good:])
-                refused.append(n)
-                if not good:
+        try:
+            for n in nodes:
+                avail = len(slots) - off
+                if avail <= 0:
+                    leftover.append(n)
                     continue
-                n = self._split(n, good)  # the upper part, stored; ``n`` above keeps the tail
-                s = s[:good]
-                rows = slice(rows.start, rows.start + good)
-            self._assign(n, tier, s, None if sums is None else sums[rows], stamp, src)
-            stored += good
+                if avail < n.num_pages:
+                    leftover.append(n)  # keeps the tail, still in flight
+                    n = self._split(n, avail)
+                k = n.num_pages
+                s = slots[off: off + k]
+                off += k
+                rows = slice(n.start - start, n.end - start)
+                ok = self._write(tier, s, None if pages is None else pages[rows])
+                good = k if ok.all() else int(np.argmin(ok))
+                if good < k:  # the tier refused a write: keep the pages before it, lose the rest
+                    self._give(tier, s[good:])
+                    refused.append(n)
+                    if not good:
+                        continue
+                    n = self._split(n, good)  # the upper part, stored; ``n`` above keeps the tail
+                    s = s[:good]
+                    rows = slice(rows.start, rows.start + good)
+                self._assign(n, tier, s, None if sums is None else sums[rows], stamp, src)
+                stored += good
+        except BaseException:  # a tier policy raised placing one: the slots not handed out yet go back
+            if off < len(slots):
+                self._give(tier, slots[off:])
+            raise
         if off < len(slots):
             self._give(tier, slots[off:])
         self.ledger.record(src, tier.name, stored * self.page_bytes)
@@ -745,7 +752,7 @@ class TierStack:
         top = next(n for n in path if n.end > start)
         if top.start < start:
             self._split(top, start - top.start)
-        with self._completing():
+        with self.completing():
             return self._drop_copies(top)
 
     # ------------------------------------------------------------------ faults
@@ -756,7 +763,7 @@ class TierStack:
 
     def forget_lost(self, tier: Tier) -> int:
         """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(spill nodes)."""
-        with self._completing():
+        with self.completing():
             return self._forget_lost(tier)
 
     def _forget_lost(self, tier: Tier) -> int:
@@ -814,7 +821,7 @@ class TierStack:
     def reset(self) -> None:
         """Forget every lower copy (slots back to their tiers)."""
         journal, self.journal = self.journal, None  # the cache reports the reset as a whole
-        with self._completing():
+        with self.completing():
             for node in list(self.tree.nodes()):
                 if isinstance(node.ext, Copy):
                     tier = node.ext.tier

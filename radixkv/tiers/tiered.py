@@ -162,16 +162,16 @@ class TierLayer(LowerLayer):
                 raise TierConfigError(f"tier {tier.name!r} has no path in the cost model; "
                                       f"known: {', '.join(cost_model.tier_paths)}")
         claimed = []
-        try:  # a tier refused (its policy serves another cache already): the others' policies are free again
-            for tier in tiers:
+        try:  # a tier refused (its policy serves another cache already, its pool cannot be allocated):
+            for tier in tiers:  # the others' policies are free again
                 tier.attach_policy(page_size, cost_model)
                 claimed.append(tier)
+            for tier in tiers:
+                tier.attach(page_size, *self._kv)
         except BaseException:
             for tier in claimed:
                 tier.policy.unclaim()
             raise
-        for tier in tiers:
-            tier.attach(page_size, *self._kv)
         self._given_cost_model = self.cost_model
         self.cost_model = cost_model
         self.cache = cache
