@@ -1,9 +1,8 @@
 """Defects found in review of the tier-policy fault handling (a tier policy's ``on_insert`` or
 ``on_evict`` raising in the spill tree), the node-key views and the int64 token fast paths.
 
-Each test states the behaviour radixkv documents and fails on the current code; they are
-marked ``xfail(strict=True)`` until fixed, so a fix turns them into an XPASS failure that
-asks for the mark to go.
+Each test states the behaviour radixkv documents; each failed on the code it was written
+against (marked ``xfail(strict=True)`` until fixed) and passes now.
 """
 
 from __future__ import annotations
@@ -36,10 +35,6 @@ class RaisingLRU(LRU):
         super().on_evict(node, pages, rank)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cache.py:1458 _abort_admission asks the tier layer to forget the copies below (_forget_below) before it cuts "
-    "the subtree; stack.py:366 _drop_copies lets _release's on_evict error out, leaving that copy in flight, and "
-    "the abort stops there: the aborted pages, which never held KV, stay cached and are served"))
 def test_an_abort_whose_tier_on_evict_raises_still_uncaches_the_aborted_pages():
     """Admission.abort: 'End the admission without its KV: uncache its new pages'; the engine's
     abort 'always completes' when a hook raises. Here the aborted pages [1, 2] have a page [3, 4]
@@ -59,10 +54,6 @@ def test_an_abort_whose_tier_on_evict_raises_still_uncaches_the_aborted_pages():
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:471 fetch's error path drops what it left in flight with _drop_in_flight (stack.py:582 _drop), not "
-    "_lose: the loaded node's pages are in no tier and not in HBM, yet the copy below it stays, unreachable, "
-    "holding its slot (check: 'lower copies no lookup can reach')"))
 def test_a_load_whose_tier_on_evict_raises_leaves_no_unreachable_copy_below():
     """A tier policy raising while a load from below releases a copy (stack.fetch -> _release)
     drops that copy; the host copy of [3] below it can then never be served and must go too."""
@@ -79,10 +70,6 @@ def test_a_load_whose_tier_on_evict_raises_leaves_no_unreachable_copy_below():
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:701 demote's error path (and put's, stack.py:571) drops the demoted node with _drop_in_flight "
-    "(stack.py:582 _drop), not _lose: its pages left the host tier and are not in HBM, yet its child's remote "
-    "copy stays, unreachable, holding its slot (check: 'lower copies no lookup can reach')"))
 def test_a_demotion_whose_lower_tier_on_insert_raises_leaves_no_unreachable_copy_below():
     """Host [1, 2] above remote [3]: the host evicts [1, 2] for room, the remote's policy raises
     as they arrive (stack._assign), so [1, 2] are lost below HBM and [3] with them."""
@@ -102,9 +89,6 @@ def test_a_demotion_whose_lower_tier_on_insert_raises_leaves_no_unreachable_copy
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:618 _place: when _assign raises for one node, the slots reserved for the nodes after it "
-    "(slots[off:], given back at stack.py:620 only on success) are never given back: the tier leaks them"))
 def test_a_put_whose_on_insert_raises_gives_back_the_slots_of_the_nodes_not_yet_placed():
     """A put filling two placeholders at once ([1] and [2], split by the branches below them)
     reserves a slot for each; on_insert raising for the first drops both, and both slots must
@@ -140,9 +124,6 @@ class CountdownRaisingLRU(LRU):
         super().on_evict(node, pages, rank)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:487 _tidy_fetch (and put, stack.py:573) calls _sweep_lost outside the error handling: "
-    "forget_lost's _release (stack.py:743) raising in on_evict leaves that copy in flight for good"))
 def test_a_lost_host_swept_after_a_load_leaves_nothing_in_flight_when_on_evict_raises():
     """A load from a dead remote host finds it dead; the sweep that follows forgets the other
     copies it held ([5, 6, 7]), and the tier policy raises while one is released."""
@@ -164,10 +145,6 @@ def test_a_lost_host_swept_after_a_load_leaves_nothing_in_flight_when_on_evict_r
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:334 forget_copy calls _release, whose on_evict error leaves the copy in flight, and "
-    "lending.py:154 BorrowedTier.forget stops there: Cluster.crash raises with the debtor still holding pages "
-    "lent by the crashed instance, which a later match serves from memory that is gone"))
 def test_a_crash_whose_borrowed_tier_on_evict_raises_still_forgets_every_lent_page():
     """Cluster.crash: 'the debt is written off, never served from memory that is gone'. Instance
     0's chain [1] * 8 is lent by instances 1 and 2; instance 2 crashes while instance 0's
@@ -192,9 +169,6 @@ def test_a_crash_whose_borrowed_tier_on_evict_raises_still_forgets_every_lent_pa
     cluster.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "stack.py:789 TierStack.reset lets _release's on_evict error out after it set the journal to None "
-    "(stack.py:785): the node stays in flight and no lower-tier event (BlockDemoted) is ever recorded again"))
 def test_a_reset_whose_tier_on_evict_raises_leaves_the_tiers_recording_and_consistent():
     tier_policy = RaisingLRU()
     cache = TieredCache(4, page_size=1, policy=LRU(), tiers=[HostTier(8, policy=tier_policy)], enable_events=True)
@@ -212,11 +186,6 @@ def test_a_reset_whose_tier_on_evict_raises_leaves_the_tiers_recording_and_consi
     cache.check()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "tiers/tiered.py:174 TierLayer.bind attaches the tiers (HostTier.attach allocates the host pool) after it "
-    "claimed their policies and outside the try that gives them back, and the engine calls unbind only for a "
-    "layer that bound: a host pool that cannot be allocated leaves the tier's policy claimed, so the corrected "
-    "call is refused"))
 def test_a_host_pool_that_cannot_be_allocated_leaves_the_tier_free_for_the_corrected_call():
     tier = HostTier(10**9, policy=LRU())
     with pytest.raises(MemoryError):  # 3.7 PiB of payload: refused by the allocator at once
