@@ -198,8 +198,13 @@ class HitDensity(ClassDeadline):
                  class_lanes: bool = True, rank: str = "deadline", horizon_factor: Optional[float] = None) -> None:
         if rank not in RANKS:
             raise ArgumentValueError(f"rank must be one of {RANKS}, got {rank!r}")
-        if horizon_factor is not None and (horizon_factor.__class__ not in (int, float) or not 0 < horizon_factor < math.inf):
-            raise ArgumentValueError(f"horizon_factor must be a number > 0 or None, got {horizon_factor!r}")
+        if horizon_factor is not None:
+            if isinstance(horizon_factor, (bool, np.bool_)) or not isinstance(horizon_factor, (int, float, np.integer, np.floating)) \
+                    or not 0 < horizon_factor < math.inf:
+                raise ArgumentValueError(f"horizon_factor must be a number > 0 or None, got {horizon_factor!r}")
+            if rank != "density":
+                raise ArgumentValueError(f"horizon_factor applies to rank 'density' only, got rank {rank!r}")
+            horizon_factor = float(horizon_factor)
         if rank == "density":
             if class_lanes is not True:
                 raise ArgumentValueError(f"rank 'density' compares the class lanes' heads: class_lanes must be True, "

@@ -88,10 +88,15 @@ def test_the_lanes_are_one_per_class():
 
 @pytest.mark.parametrize("bad", [dict(rank="lowest"), dict(rank=None), dict(rank="density", class_lanes=False),
                                  dict(rank="density", horizon_factor=0), dict(rank="density", horizon_factor=float("inf")),
-                                 dict(rank="density", horizon_factor="2")])
+                                 dict(rank="density", horizon_factor="2"), dict(rank="density", horizon_factor=True),
+                                 dict(horizon_factor=2.0)])  # (the deadline rule has no horizon to scale)
 def test_bad_options_are_refused(bad):
     with pytest.raises(ArgumentValueError):
         HitDensity(**bad)
+
+
+def test_a_numpy_horizon_factor_is_a_number():
+    assert HitDensity(rank="density", horizon_factor=np.float64(2.5)).horizon_factor == 2.5
 
 
 def test_a_bad_table_is_refused_and_the_old_one_kept():
