@@ -1021,12 +1021,7 @@ class PrefixCache:
                 observer.cleared()
             except BaseException as exc:
                 error = error or exc
-        try:
-            if dropped:
-                self._give_back(np.concatenate(dropped))
-        finally:
-            if error is not None:
-                raise error
+        self._give_back_then_raise(dropped, error)
 
     def attach_page_index(self, index: Optional[Any]) -> Optional[Any]:
         """Attach (or, with ``None``, detach) a page observer; return the one attached before.
@@ -1524,6 +1519,11 @@ class PrefixCache:
                 freed.append(n.blocks)
                 n.gen = -1
         top.parent = None  # cut only now: the policy's on_evict may walk up to the namespace root
+        self._give_back_then_raise(freed, error)
+
+    def _give_back_then_raise(self, freed: List[np.ndarray], error: Optional[BaseException]) -> None:
+        """Give the ``freed`` block arrays back (pool or sink), then raise ``error`` (a hook's, kept
+        while an operation completed) if there is one: even if the give-back raises itself."""
         try:
             if freed:
                 self._give_back(np.concatenate(freed))

@@ -13,26 +13,7 @@ import pytest
 from radixkv.policies import LRU
 from radixkv.tiers import HostTier, RemoteTier, TieredCache
 
-
-class HookError(RuntimeError):
-    pass
-
-
-class RaisingLRU(LRU):
-    """LRU whose ``on_insert`` / ``on_evict`` raise while ``fail`` names them."""
-
-    name = "raising-lru"
-    fail = ""
-
-    def on_insert(self, node, now):
-        if self.fail == "on_insert":
-            raise HookError("on_insert")
-        super().on_insert(node, now)
-
-    def on_evict(self, node, pages, rank):
-        if self.fail == "on_evict":
-            raise HookError("on_evict")
-        super().on_evict(node, pages, rank)
+from .test_review_r17 import HookError, RaisingLRU  # fail names the hook that raises
 
 
 def test_an_abort_whose_tier_on_evict_raises_still_uncaches_the_aborted_pages():
