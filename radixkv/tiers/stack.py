@@ -311,11 +311,20 @@ class TierStack:
             upper.ext, node.ext = copy.split(pages)
             upper.ext.blockers = 1  # its one child, ``node``, is in the same tier
             node.ext.blockers = copy.blockers
-            copy.tier.policy.on_split(upper, node)
-            self._rank(upper)
-            self._rank(node)
+            error = None  # a policy that raises: both parts are still queued (or wait in _unranked) and indexed
+            try:
+                copy.tier.policy.on_split(upper, node)
+            except BaseException as exc:
+                error = exc
+            for part in (upper, node):
+                try:
+                    self._rank(part)
+                except BaseException as exc:
+                    error = error or exc
             copy.tier.on_assign(upper)
             copy.tier.on_assign(node)
+            if error is not None:
+                raise error
         else:
             upper.ext = copy
         return upper
