@@ -65,6 +65,11 @@ class RaisingLRU(LRU):
             raise HookError("priority")
         return super().priority(node)
 
+    def on_split(self, upper, lower):
+        if self.fail == "on_split":
+            raise HookError("on_split")
+        super().on_split(upper, lower)
+
     def on_evict(self, node, pages, rank):
         if self.fail == "on_evict":
             raise HookError("on_evict")

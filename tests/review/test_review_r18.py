@@ -176,31 +176,21 @@ def test_a_host_pool_that_cannot_be_allocated_leaves_the_tier_free_for_the_corre
     cache.check()
 
 
-class SplitRaisingLRU(LRU):
-    name = "split-raising-lru"
-    fail = False
-
-    def on_split(self, upper, lower):
-        if self.fail:
-            raise HookError("on_split")
-        super().on_split(upper, lower)
-
-
 @pytest.mark.parametrize("write_policy", ["write_through", "write_back"])
 def test_a_tier_on_split_raising_leaves_both_parts_queued(write_policy):
     """A load of part of a lower copy splits it (the tier policy's on_split); one that raises
     must still leave both parts in the tier's victim queue (or waiting to be ranked): before,
     neither was queued and the tier's check failed."""
-    policy = SplitRaisingLRU()
+    policy = RaisingLRU()
     cache = TieredCache(6, page_size=1, policy=LRU(), tiers=[HostTier(16, policy=policy)],
                         write_policy=write_policy, load_back="always")
     cache.admit([1, 2, 3, 4, 5, 6]).release()
     cache.admit([7, 8, 9, 10, 11, 12]).release()  # [1..6] leave HBM: one host copy of 6 pages
     cache.check()
-    policy.fail = True
+    policy.fail = "on_split"
     with pytest.raises(HookError):
         cache.admit([1, 2, 3, 20]).release()  # loads [1, 2, 3]: the host copy splits
-    policy.fail = False
+    policy.fail = ""
     cache.check()
     for tokens in ([1, 2, 3, 4, 5, 6], [30, 31, 32, 33, 34], [1, 2, 40]):
         cache.admit(tokens).release()
