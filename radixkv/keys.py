@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import array
 import operator
-import sys
 from collections.abc import Mapping
 from typing import Optional, Sequence, Tuple, Union
 
@@ -33,18 +32,9 @@ _U32_BOUND = 2**32
 _U32_CODE = "I"
 assert array.array(_U32_CODE).itemsize == TOKEN_BYTES
 _INT_CODES = frozenset("bBhHiIlLqQ")
-# The fixed-width numpy dtype of each integer array typecode. numpy gives "q" and "Q" (C long
-# long) type numbers of their own, distinct from int64/uint64 (C long) on LP64 systems, and
-# their reductions and casts run ~1.6x slower in numpy 2.4 (measured on 13.7k-token prompts):
-# a same-width view costs nothing.
-_ARRAY_DTYPES = {code: np.dtype(np.dtype(code).str) for code in _INT_CODES}
-# Unsigned twins of the native signed dtypes: a signed array is range-checked through an
-# unsigned view (one pass, below); other byte orders build theirs from the dtype's string.
-_UNSIGNED = {np.dtype(f"=i{n}"): np.dtype(f"=u{n}") for n in (1, 2, 4, 8)}
 _max, _min = np.maximum.reduce, np.minimum.reduce
 _I64, _U64 = np.dtype(np.int64), np.dtype(np.uint64)
 _INT64_CODES = frozenset(code for code in "lq" if array.array(code).itemsize == 8)
-_LITTLE = sys.byteorder == "little"  # an int64's low 32 bits are its first four bytes
 
 
 def _casts_same_value() -> bool:
@@ -107,7 +97,7 @@ def uint32_array(value: object, name: str, error: type = ArgumentValueError, bou
         return _from_ndarray(value, name, error, bound)
     if isinstance(value, array.array):
         if value.typecode in _INT_CODES:
-            return _from_ndarray(np.frombuffer(value, dtype=_ARRAY_DTYPES[value.typecode]), name, error, bound)
+            return _from_ndarray(np.frombuffer(value, dtype=value.typecode), name, error, bound)
         if len(value):
             _raise_first_bad(value, name, error, bound)
         return np.empty(0, dtype=TOKEN_DTYPE)
@@ -154,6 +144,10 @@ def _from_ndarray(arr: np.ndarray, name: str, error: type, bound: int) -> np.nda
     """A numpy array; see :func:`uint32_array`."""
     if arr.ndim != 1:
         raise error(f"{name} must be 1-D, got an array of shape {arr.shape}")
+    if arr.dtype.char in "qQ":
+        # C long long (array('q')): numpy gives it type numbers of its own, distinct from
+        # (u)int64 on LP64 systems, whose loops run ~1.6x faster in numpy 2.4; same bytes.
+        arr = arr.view(arr.dtype.str)
     if arr.dtype == _I64 and bound == _U32_BOUND:
         # The engines' form (SGLang's array('q'), vLLM's and torch's int64): the general path
         # below gives the same verdict for ~5 us more per call.
@@ -163,14 +157,12 @@ def _from_ndarray(arr: np.ndarray, name: str, error: type, bound: int) -> np.nda
         return narrow
     kind = arr.dtype.kind
     if kind == "u" or kind == "i":
-        if arr.dtype.char in "qQ":  # C long long: the same bytes as (u)int64, on faster loops
-            arr = arr.view(arr.dtype.str)
         bits = 8 * arr.dtype.itemsize
         if kind == "u" and 2**bits <= bound:  # uint8/16/32 tokens: in range by their dtype
             bad = False
         elif kind == "i" and 2 ** (bits - 1) >= bound:
             # Seen as unsigned, a negative is >= 2**(bits-1) >= bound: one pass checks both ends.
-            bad = arr.size and _max(arr.view(_UNSIGNED.get(arr.dtype) or arr.dtype.str.replace("i", "u"))).item() >= bound
+            bad = arr.size and _max(arr.view(arr.dtype.str.replace("i", "u"))).item() >= bound
         else:
             bad = arr.size and (_min(arr).item() < 0 or _max(arr).item() >= bound)
         if bad:
@@ -277,21 +269,10 @@ def page_key(tokens: TokensLike, page_size: int, name: str = "tokens") -> Tuple[
     """The key of ``tokens``' whole pages and their number: ``(bytes, num_pages)``, the bytes those of
     :func:`as_tokens` (``uint32``) for the first ``num_pages * page_size`` tokens; raises as it does.
 
-    Cost: one copy of the pages' tokens; for ``array('q')`` (SGLang's requests) one pass that
-    checks and narrows the ``int64`` tokens (numpy's ``same_value`` cast) and the copy, ~5%
-    faster per page-1 admission than a range pass then a strided copy of their low halves
-    straight into the key, which older numpy gets (and ~25% faster than the general path).
+    Cost: :func:`as_tokens` (for ``array('q')``, SGLang's requests, one pass that checks and
+    narrows the ``int64`` tokens where numpy can: ``casting="same_value"``, numpy 2.4) and one
+    copy of the pages' tokens into the key.
     """
-    if tokens.__class__ is array.array and tokens.typecode in _INT64_CODES:
-        num_pages = len(tokens) // page_size
-        if _SAME_VALUE or not _LITTLE:
-            narrow = _narrow_int64(np.frombuffer(tokens, _I64))
-            if narrow is not None:
-                return narrow[: num_pages * page_size].tobytes(), num_pages
-        else:
-            wide = np.frombuffer(tokens, _U64)  # a negative seen as unsigned is >= 2**63: one pass, both ends
-            if not len(wide) or _max(wide) < _U32_BOUND:
-                return wide[: num_pages * page_size].view(TOKEN_DTYPE)[::2].tobytes(), num_pages
     arr = as_tokens(tokens, name)
     num_pages = len(arr) // page_size
     return arr[: num_pages * page_size].tobytes(), num_pages

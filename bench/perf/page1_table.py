@@ -87,8 +87,9 @@ def _cachegrind(rows: list) -> List[str]:
             out.append(f"| {r['tokens']} | {r['page_size']} | {r['pool']} | {_m(r['Ir'])} | {_m(r['est_cycles'])} | {ratio} |")
         out += ["", "The new version narrows the tokens with numpy's checked cast (`casting=\"same_value\"`, numpy 2.4),",
                 "a scalar loop: it executes more instructions than a range pass and a strided copy of the tokens'",
-                "low halves (what older numpy gets), yet takes less time per admission measured alternating per",
-                "request in one process, which this cycle estimate does not model (`radixkv.keys.page_key`)."]
+                "low halves (an earlier version of this change), yet takes less time per admission measured",
+                "alternating per request in one process, which this cycle estimate does not model",
+                "(`radixkv.keys.as_tokens`)."]
     return out + [""]
 
 

@@ -262,8 +262,8 @@ def test_page_keys_follow_the_same_rule(items, page_size):
 
 @given(items=st.lists(elements, max_size=9), page_size=st.integers(1, 4))
 def test_int64_tokens_follow_the_rule_on_either_cast(items, page_size):
-    """The int64 short ways (numpy's checked cast where it has one, a range pass then a cast or
-    a strided copy where not) give as_tokens and page_key the list's verdict either way."""
+    """The int64 short way (numpy's checked cast where it has one, a range pass then a cast where
+    not) gives as_tokens and page_key the list's verdict either way."""
     import radixkv.keys as keys
 
     want = verdicts(items, as_tokens)["list"]
