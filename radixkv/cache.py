@@ -16,6 +16,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -37,6 +38,7 @@ from . import victims as _victims
 from .victims import make_queue, rank_key
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
+_ALIVE = attrgetter("alive")  # a pending leaf is ranked only while it is in the tree
 
 
 def _check_retention(priority: object, expires_at: object):
@@ -1333,17 +1335,10 @@ class PrefixCache:
 
         If the policy's ``priority`` (or ``lane``) raises, the leaf leaves the queue (its entry
         is at a rank no longer its own) for the pending set, which the next eviction ranks first
-        (:meth:`_rank_pending`), and the error propagates: no evictable leaf is lost track of.
+        (:func:`radixkv.victims.rank_waiting`), and the error propagates: no evictable leaf is lost track of.
         """
         if node.children is None and node.lock_ref == 0 and node.parent is not None:
             _victims.rank(self._victims, node, self._policy.priority, self._unranked)
-
-    def _rank_pending(self) -> None:
-        """Rank the leaves whose priority raised before (raises again if it still does)."""
-        for node in list(self._unranked):
-            del self._unranked[node]
-            if node.alive:
-                self._rank(node)
 
     def _evict(self, n: int) -> int:
         """Evict up to ``n`` pages through the victim loop (:func:`radixkv.victims.evict`); return pages
@@ -1361,7 +1356,7 @@ class PrefixCache:
         if self._expiry_heap:
             self._expire()
         if self._unranked:
-            self._rank_pending()
+            _victims.rank_waiting(self._unranked, self._rank, _ALIVE)
         victims, tree = self._victims, self._tree
         on_evict, spill, rank = self._on_evict, self._spill, self._rank
         dropped = []  # extents go back to the pool in one batch at the end

@@ -259,6 +259,16 @@ def rank(queue: Any, node: Node, priority: Callable[[Node], Any], waiting: dict)
         waiting.pop(node, None)
 
 
+def rank_waiting(waiting: dict, rank: Callable[[Node], None], queueable: Callable[[Node], bool]) -> None:
+    """Rank again the nodes :func:`rank` left in ``waiting`` (their policy raised), those still
+    ``queueable``, before an eviction; raises again for one whose policy still raises (it and
+    the rest keep waiting). O(waiting) rankings."""
+    for node in list(waiting):
+        del waiting[node]
+        if queueable(node):
+            rank(node)
+
+
 def evict(queue: VictimQueue, policy: Any, n: int, requeue: Callable[[Node], None],
           take: Callable[[Node, int, Any], None]) -> int:
     """The victim loop: take ``n`` pages (fewer if the queue runs dry) from the lowest-ranked nodes of ``queue``.

@@ -92,6 +92,11 @@ def path_data(node: Node, page_bytes: int) -> Tuple[Node, bytes]:
     return node, b"".join(parts)
 
 
+def _resident(node: Node) -> bool:
+    """``node`` is in the spill tree and holds a copy (a tier's victim queue may hold it)."""
+    return node.gen >= 0 and isinstance(node.ext, Copy)
+
+
 class TierStack:
     """Lower tiers in order (fastest first) over one spill tree.
 
@@ -216,13 +221,6 @@ class TierStack:
             tier.victims.discard(node)
         else:  # (a policy that raises leaves the node waiting for the tier's next eviction)
             _victims.rank(tier.victims, node, tier.policy.priority, self._unranked)
-
-    def _rank_pending(self) -> None:
-        """Rank the resident nodes whose policy raised before (raises again if it still does)."""
-        for node in list(self._unranked):
-            del self._unranked[node]
-            if node.gen >= 0 and isinstance(node.ext, Copy):
-                self._rank(node)
 
     def _blocks(self, child: Node, level: int) -> bool:
         """Whether ``child`` keeps its parent, a copy in tier ``level``, from leaving it."""
@@ -709,7 +707,7 @@ class TierStack:
 
         tier = self.tiers[i]
         if self._unranked:
-            self._rank_pending()
+            _victims.rank_waiting(self._unranked, self._rank, _resident)
         return _victims.evict(tier.victims, tier.policy, n, self._rank, take)
 
     def demote(self, i: int, node: Node, rank: object = None) -> None:
