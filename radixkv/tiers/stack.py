@@ -508,16 +508,13 @@ class TierStack:
         """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and
         the placeholders the pages read left behind are removed."""
         with self.completing():
-            self._tidy_fetch_now(lost, released)
-
-    def _tidy_fetch_now(self, lost: List[Node], released: List[Node]) -> None:
-        for node in lost:  # the copies below a bad page go with it (see _lose)
-            if node.gen >= 0:
-                self._lose(node)
-        for node in reversed(released):
-            if node.gen >= 0:
-                self._gc(node)
-        self._sweep_lost()
+            for node in lost:  # the copies below a bad page go with it (see _lose)
+                if node.gen >= 0:
+                    self._lose(node)
+            for node in reversed(released):
+                if node.gen >= 0:
+                    self._gc(node)
+            self._sweep_lost()
 
     def peek(self, key: Hashable, data: bytes, pos: int, num_pages: int) -> int:
         """Pages ``pos, ...`` of ``data`` held below HBM, consecutive; changes nothing. O(path)."""
@@ -770,24 +767,21 @@ class TierStack:
 
     def forget_lost(self, tier: Tier) -> int:
         """Forget every copy in ``tier`` whose storage is gone (and the rest of its node). O(spill nodes)."""
-        with self.completing():
-            return self._forget_lost(tier)
-
-    def _forget_lost(self, tier: Tier) -> int:
         forgotten = 0
-        for node in list(self.tree.nodes()):
-            if node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier is not tier:
-                continue
-            lost = self._lost(tier, node.ext.slots)
-            if not lost.any():
-                continue
-            first = int(np.argmax(lost))
-            if first:
-                self._split(node, first)
-            forgotten += node.num_pages
-            self._give(tier, self._release(node).slots)
-            self._lose(node)
-        self.lost_pages += forgotten
+        with self.completing():
+            for node in list(self.tree.nodes()):
+                if node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier is not tier:
+                    continue
+                lost = self._lost(tier, node.ext.slots)
+                if not lost.any():
+                    continue
+                first = int(np.argmax(lost))
+                if first:
+                    self._split(node, first)
+                forgotten += node.num_pages
+                self._give(tier, self._release(node).slots)
+                self._lose(node)
+            self.lost_pages += forgotten
         return forgotten
 
     # ------------------------------------------------------------------ checks
