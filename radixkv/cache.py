@@ -122,22 +122,26 @@ class Admission:
             caller writes their KV before :meth:`release` (a tiered cache copies them below
             HBM at the release, never earlier). Private blocks of pages served as a miss come
             first and go back to the pool when the admission ends (see :meth:`PrefixCache.admit`).
-        private_pages: how many pages were served as a miss (0 without a sharing rule that
-            refuses pages): the head of ``new_blocks``, never cached; the rest of
-            ``new_blocks`` are the pages this admission cached.
-        node: handle of the deepest cached page of the request. Under a sharing rule that
-            refused pages, its path in the tree holds the shared blocks of those pages, which
-            this request must not read: ``blocks`` is what the request may use.
+        private_pages: how many of ``new_blocks`` are private (0 without a sharing rule that
+            filters): under one, every page after the served prefix is computed in a private
+            block, and :meth:`release` caches the pages still missing from the cache then in
+            theirs, so nothing of the request is cached before its KV is written.
+        cached_pages: the pages this admission put in the cache: its new pages from the start
+            without a filtering sharing rule; under one, 0 until :meth:`release`, then the
+            private pages the release cached (fewer when another request cached some first).
+        node: handle of the deepest page served to the request (its cached prefix without a
+            filtering sharing rule).
     """
 
-    __slots__ = ("hit_tokens", "node", "private_pages", "_path", "_new", "_blocks", "_new_blocks", "_finish", "_released",
-                 "_aborted")
+    __slots__ = ("hit_tokens", "node", "private_pages", "cached_pages", "_path", "_new", "_blocks", "_new_blocks",
+                 "_finish", "_released", "_aborted")
 
     def __init__(self, hit_tokens: int, path: List[Parts], new: Parts, node: NodeHandle,
                  finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None,
                  private_pages: int = 0) -> None:
         self.hit_tokens = hit_tokens
         self.private_pages = private_pages
+        self.cached_pages = 0 if private_pages else extents.size(new)
         # The block ids as extents (the matched nodes' root first, then the new pages'): the
         # arrays are made on first use, so a caller that reads neither pays no per-block work.
         self._path = path
@@ -187,7 +191,9 @@ class Admission:
         nothing. O(depth)."""
         if not self._released:
             self._released = True
-            self._finish(False)
+            cached = self._finish(False)
+            if cached is not None:  # under a filtering sharing rule: what the release cached
+                self.cached_pages = cached
 
     def abort(self) -> None:
         """End the admission without its KV: uncache its new pages, keep the matched ones.
@@ -415,15 +421,11 @@ class PrefixCache:
         if root is None:  # nothing cached in it: no root is made for a lookup
             root = self._tree.empty_root(key)
             return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
-        node, pos = self._descend(root, data, num_pages)
+        if self._tenancy is not None:
+            node = self._served_prefix(root, data, num_pages, tenant)[0]
+        else:
+            node, _ = self._descend(root, data, num_pages)
         blocks = extents.to_array(extents.join(self._touch_path(node, self._clock)))
-        if self._tenancy is not None and pos:
-            served, decision = self._tenancy.serve(tenant, blocks)
-            self._tenancy.served(tenant, decision)
-            if served < pos:
-                if self._lower is not None:
-                    self._lower.refused(pos - served)
-                node, blocks = self._cut(node, served), blocks[:served]
         return MatchResult(len(blocks) * self.page_size, blocks, NodeHandle(node, node.gen))
 
     # ------------------------------------------------------------------ inspection (read-only)
@@ -724,7 +726,8 @@ class PrefixCache:
             root = node = self._tree.root(key)
         if child is not None:
             node = self._split(child, common)
-        self._touch_path(node, now)
+        if self._tenancy is None:  # under a sharing rule the match touched what it served, and only that
+            self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
         try:
             leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
@@ -813,6 +816,8 @@ class PrefixCache:
         now = self._clock
         if root is None:
             root = self._tree.root(key)
+        if self._tenancy is not None:
+            return self._admit_served(root, data, num_pages, tenant, priority, expires_at, now)
         node, pos = self._descend(root, data, num_pages)
         if node.parent is None:  # a root (a lower tier's lookup may have let it go): registered while locked
             node = self._tree.adopt(node)
@@ -821,18 +826,11 @@ class PrefixCache:
         need = num_pages - pos
         holder = node
         new = extents.NONE
-        private = _NO_BLOCKS
-        served = pos
-        if self._tenancy is not None:
-            hit_blocks = extents.to_array(extents.join(path))
-            served, decision = self._tenancy.serve(tenant, hit_blocks)
-            if served < pos and self._lower is not None:
-                self._lower.refused(pos - served)
-        if need or served < pos:
+        if need:
             # Ask the policy first, so pages it declines cost no eviction.
             keep = self._admit_pages(node, data, pos, need, now)
             free = self._pool.num_free
-            fit = min(pos - served + keep, free + self._cached - self._protected)
+            fit = min(keep, free + self._cached - self._protected)
             dropped = ()
             if fit > free:
                 try:
@@ -840,17 +838,11 @@ class PrefixCache:
                 except BaseException:  # a tier failed mid-eviction: the admission never happened
                     self._unlock_node(node)
                     raise
-            if served < pos:
-                if dropped:
-                    self._pool.give_back_parts(dropped)
-                    dropped = ()
-                private = self._pool.take(min(fit, pos - served))
             # The evicted blocks come straight back (nothing between can raise).
-            new = self._pool.take_after(dropped, fit - len(private), CACHED)
+            new = self._pool.take_after(dropped, fit, CACHED)
             try:
                 leaf = self._add_pages(node, data, pos, new, now, locked=True, already_cached=True)
             except BaseException:  # a hook raised: the new pages went back, the admission never happened
-                self._pool.give_back(private)
                 self._unlock_node(node)
                 raise
             if leaf is not None:
@@ -868,16 +860,103 @@ class PrefixCache:
             new_blocks.flags.writeable = False
             record = self._lower.admitted(self._tree.find_root(key), data, pos, new_blocks)
         finish = partial(self._finish_admission, holder, pos, record)
-        if self._tenancy is not None:
-            self._tenancy.served(tenant, decision)
-            cached_new = new_blocks if new_blocks is not None else extents.to_array(new)
-            finish = partial(self._finish_tenant, holder, tenant, decision, cached_new, private, finish)
-            if served < pos:  # the pages served as a miss: their private blocks head the new ones
-                path = [(hit_blocks[:served],)] if served else []
-                new = (private, *new) if len(private) else new
-                new_blocks = None
-        return Admission(served * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks,
-                         len(private))
+        return Admission(pos * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks)
+
+    def _served_prefix(self, root: Root, data: bytes, num_pages: int, tenant: Optional[str]) -> Tuple[Node, Any]:
+        """The node whose last page is the last one the sharing rule serves ``tenant`` of ``data``'s
+        cached prefix, and the rule's decision (handed to ``served`` already).
+
+        A refused page is invisible: the walk changes nothing, a split happens only where the
+        served prefix ends inside a node, and no page below HBM is looked at (a copy below keeps
+        no requesters, so the rule would refuse it; loading it would only act for a prober).
+        The lower layer counts the served pages as HBM hits. O(depth + matched pages).
+        """
+        node, pos, child, common = self._tree.walk(root, data, num_pages)
+        parts = self._tree.path_parts(node)
+        if common:
+            parts += extents.cut(child.parts, common)[0]
+        served, decision = self._tenancy.serve(tenant, extents.to_array(parts))
+        node = self._split(child, served - pos) if served > pos else self._cut(node, served)
+        self._tenancy.served(tenant, decision)
+        if self._lower is not None:
+            self._lower.lookup(root, data, node, served, served, True)
+        return node, decision
+
+    def _admit_served(self, root: Root, data: bytes, num_pages: int, tenant: Optional[str], priority: int,
+                      expires_at: Optional[int], now: int) -> Admission:
+        """:meth:`admit` under a sharing rule that filters: the served prefix is the hit, every
+        other page of the request gets a private block, and the release caches those of them
+        still missing then (see :meth:`_cache_private`).
+
+        Nothing of a refused page is touched, loaded, split, locked or told to a hook: the request
+        acts only on what it is served and on its own blocks. An unreleased admission's pages
+        have no requester yet, so caching them at the release hides nothing another tenant could
+        have been served. Cost: one descent, the evictions the private blocks need.
+        """
+        node = self._served_prefix(root, data, num_pages, tenant)[0]
+        if node.parent is None:  # the root: registered while locked
+            node = self._tree.adopt(node)
+        path = self._touch_path(node, now)
+        self._lock_node(node)
+        served = node.end
+        keep = self._admit_pages(node, data, served, num_pages - served, now)
+        free = self._pool.num_free
+        fit = min(keep, free + self._cached - self._protected)
+        if fit > free:
+            try:
+                self._evict(fit - free)
+            except BaseException:  # a tier failed mid-eviction: the admission never happened
+                self._unlock_node(node)
+                raise
+        private = self._pool.take(fit)
+        if priority:
+            self._retain(node, priority, expires_at)
+        self._admitted[node] = self._admitted.get(node, 0) + 1
+        finish = partial(self._cache_private, root, node, data, private, tenant, now, priority, expires_at)
+        return Admission(served * self.page_size, path, (private,) if fit else extents.NONE,
+                         NodeHandle(node, node.gen), finish, None, fit)
+
+    def _cache_private(self, root: Root, holder: Node, data: bytes, private: np.ndarray, tenant: Optional[str],
+                       now: int, priority: int, expires_at: Optional[int], aborted: bool) -> int:
+        """End an admission of :meth:`_admit_served` whose served prefix ends at ``holder``.
+
+        A release caches the request's pages that are missing from the cache now, in their
+        private blocks (which hold the request's KV), as they would have been cached at the
+        admission had the tenant been alone, and records ``tenant`` as a requester of every
+        page of the request the cache holds; it returns how many pages it cached. An abort
+        caches and records nothing. The other private blocks go back to the pool, and the lock
+        on the served prefix goes, whatever a hook raises. O(depth + pages).
+        """
+        served = holder.end
+        cached_from = len(private)  # private[cached_from:] are in the tree
+        try:
+            if aborted or (self._detached and holder in self._detached):
+                return 0
+            total = served + len(private)
+            node, pos, child, common = self._tree.walk(root, data, total)
+            present = pos + common
+            leaf = None
+            if present < total:
+                if child is not None:  # the request continues below a page inside child: cut there
+                    node, child = self._split(child, common), None
+                leaf = self._add_pages(node, data, present, private[present - served:].copy(), now)
+                cached_from = present - served
+                if priority:
+                    self._retain(leaf, priority, expires_at, upto=node)
+                    self._rank(leaf)
+            parts = self._tree.path_parts(leaf if leaf is not None else node)
+            if child is not None:
+                parts += extents.cut(child.parts, common)[0]
+            blocks = extents.to_array(parts)
+            self._tenancy.commit(tenant, self._tenancy.serve(tenant, blocks[:present])[1], blocks[present:])
+            if leaf is not None and self._lower is not None:
+                self._lower.inserted(root, data, present, private[cached_from:])
+            return len(private) - cached_from
+        finally:
+            try:
+                self._release_admission(holder)
+            finally:
+                self._give_back(private[:cached_from])
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1300,14 +1379,15 @@ class PrefixCache:
             self.declined_blocks += n - keep
         return keep
 
-    def _retain(self, node: Node, priority: int, expires_at: Optional[int]) -> None:
-        """Raise every node from ``node`` up to retention class ``priority`` (see :meth:`admit`).
+    def _retain(self, node: Node, priority: int, expires_at: Optional[int], upto: Optional[Node] = None) -> None:
+        """Raise every node from ``node`` up to retention class ``priority`` (see :meth:`admit`),
+        stopping below ``upto`` (the root by default).
 
         The nodes are locked by the admission, so none is queued now; they are
         ranked with their new class when it is released.
         """
         expiry, heap = self._expiry, self._expiry_heap
-        while node.parent is not None:
+        while node.parent is not None and node is not upto:
             current = node.retention
             if priority > current or (priority == current and node in expiry):
                 old = expiry.get(node) if priority == current else None
@@ -1608,19 +1688,6 @@ class PrefixCache:
                 self._end_write(record, None)
         finally:  # the admission ends whatever the lower layer did
             self._abort_admission(node, hit_pages)
-
-    def _finish_tenant(self, holder: Node, tenant: Optional[str], decision: Any, new: np.ndarray,
-                       private: np.ndarray, finish: Callable[[bool], None], aborted: bool) -> None:
-        """End an admission under a sharing rule: a release whose pages are all still cached
-        records the tenant as their requester (an abort, or a batch mate's abort above it, records
-        nothing: the tenant then learns what it would have alone); ``finish`` it; then the
-        ``private`` blocks of the pages it was served as a miss leave, whatever ``finish`` raised."""
-        try:
-            if not aborted and not (self._detached and holder in self._detached):
-                self._tenancy.commit(tenant, decision, new)
-            finish(aborted)
-        finally:
-            self._give_back(private)
 
     def _partition(self, namespace: Optional[str], tenant: Optional[str]) -> Any:
         """The tree root key of a request (the namespace unless the sharing rule isolates tenants);

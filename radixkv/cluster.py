@@ -636,7 +636,7 @@ class Cluster:
                 n = loaded.get("borrowed", 0)
                 if n:
                     borrowed_seconds += st.costs.transfer_seconds("borrowed", n * st.costs.page_bytes)
-            record = st.add(request, a.hit_tokens, a.num_new_pages - a.private_pages, cache.declined_blocks - counters[i][1],
+            record = st.add(request, a.hit_tokens, a.cached_pages, cache.declined_blocks - counters[i][1],
                             cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
                             want_record=on_record is not None)
             if on_request is not None:

@@ -150,16 +150,20 @@ def test_shared_is_the_cache_without_tenants(sequence, num_blocks):
 
 
 def test_private_blocks_are_the_callers_until_the_admission_ends():
-    """Pages served as a miss get held blocks at the head of new_blocks; they go back at release
-    and at abort, and to the free-block sink when there is one; the tree keeps one copy."""
+    """Under a sharing rule every page after the served prefix gets a held block until the
+    admission ends; the release caches the pages still missing in theirs and gives the rest
+    back (to the free-block sink when there is one), the abort gives all back; the tree keeps
+    one copy."""
     sunk = []
     cache = PrefixCache(16, page_size=PAGE, sharing="k-anonymous")
     cache.admit(tokens((1, 2)), tenant="v").release()
     cached = cache.num_cached_blocks
     for last, end in enumerate(("release", "abort")):
+        before = cache.num_cached_blocks
         adm = cache.admit(tokens((1, 2, last)), tenant="x" + end)
         assert adm.hit_tokens == 0 and len(adm.new_blocks) == 3 and len(adm.blocks) == 3
-        assert cache.are_held(adm.new_blocks[:2]) and cache.num_held_blocks == 2
+        assert adm.private_pages == 3 and cache.are_held(adm.new_blocks) and cache.num_held_blocks == 3
+        assert cache.num_cached_blocks == before  # nothing is cached before the release
         getattr(adm, end)()
         assert cache.num_held_blocks == 0
         cache.check()
