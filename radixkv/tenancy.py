@@ -42,6 +42,7 @@ import itertools
 from typing import Any, Dict, Hashable, List, Optional, Tuple, Type, Union
 
 import numpy as np
+from cachetools import LRUCache
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .keys import check_int, check_namespace
@@ -53,6 +54,9 @@ DEFAULT_K = 3
 
 DEFAULT_BUDGET = 2
 """Requests ``"adaptive"`` serves beyond k-anonymity before it isolates the tenant."""
+
+DEFAULT_MAX_TENANTS = 65536
+"""Strike counts ``"adaptive"`` keeps at most (the least recently suspect tenant's goes first)."""
 
 _PUBLIC: Any = object()  # a page's requester record once k + 1 distinct tenants asked for it: a hit for all
 
@@ -264,17 +268,25 @@ class Adaptive(KAnonymous):
     confirms ``s * budget`` (plus what k-anonymity gives ``s`` accounts). An
     honest tenant pays only after ``budget`` early hits on not-yet-public
     prefixes, and then only what k-anonymity costs.
+
+    Memory: the strike counts of at most ``max_tenants`` tenants, the least
+    recently suspect one forgotten first (O(1) per suspect request). A
+    forgotten tenant starts again with a full budget, as a new account would:
+    pushing one account out takes ``max_tenants`` other suspect accounts, whose
+    budgets confirm more than the reset gives back.
     """
 
     name = "adaptive"
 
-    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET, max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
         super().__init__(k)
         self.budget = check_int(budget, "budget", minimum=0)
-        self._strikes: Dict[Optional[str], int] = {}  # tenant -> suspect requests served in full
+        self.max_tenants = check_int(max_tenants, "max_tenants", minimum=1)
+        # tenant -> suspect requests served in full; an LRU map so the memory has a bound
+        self._strikes: LRUCache = LRUCache(maxsize=self.max_tenants)
 
     def fresh(self) -> "Adaptive":
-        return type(self)(k=self.k, budget=self.budget)
+        return type(self)(k=self.k, budget=self.budget, max_tenants=self.max_tenants)
 
     def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, Tuple[List[int], bool]]:
         served, pending = super().serve(tenant, blocks)
@@ -295,8 +307,13 @@ class Adaptive(KAnonymous):
         """Tenants that spent their budget (served k-anonymously from now on). O(suspect tenants)."""
         return [t for t, n in self._strikes.items() if n >= self.budget]
 
+    def check(self, cached_blocks: np.ndarray) -> None:
+        super().check(cached_blocks)
+        assert len(self._strikes) <= self.max_tenants, (
+            f"{self.name}: {len(self._strikes)} strike counts, over max_tenants={self.max_tenants}")
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(k={self.k}, budget={self.budget})"
+        return f"{type(self).__name__}(k={self.k}, budget={self.budget}, max_tenants={self.max_tenants})"
 
 
 _RULES: Dict[str, Type[Sharing]] = {cls.name: cls for cls in (Shared, Isolated, KAnonymous, Adaptive)}

@@ -244,3 +244,19 @@ def test_create_names_the_rules_and_options():
         create("k-anonymous", k=0)
     with pytest.raises(ArgumentTypeError, match="sharing"):
         create(3)
+
+
+def test_adaptive_keeps_strike_counts_of_at_most_max_tenants():
+    """Every prober that ever was suspect used to keep a count forever; the table now has a bound,
+    the least recently suspect tenant forgotten first."""
+    rule = Adaptive(k=3, budget=1, max_tenants=2)
+    cache = PrefixCache(64, page_size=PAGE, sharing=rule)
+    cache.admit(tokens((1, 1)), tenant="victim").release()
+    for prober in ("p0", "p1", "p2", "p3"):
+        assert cache.match(tokens((1, 1)), tenant=prober).num_tokens == 4  # its budget: one suspect hit
+        cache.check()
+    assert rule.isolated_tenants() == ["p2", "p3"]
+    assert cache.match(tokens((1, 1)), tenant="p3").num_tokens == 0  # still isolated
+    assert "max_tenants=2" in repr(rule) and rule.fresh().max_tenants == 2
+    with pytest.raises(ArgumentValueError, match="max_tenants"):
+        Adaptive(max_tenants=0)
