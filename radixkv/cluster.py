@@ -638,7 +638,8 @@ class Cluster:
                     borrowed_seconds += st.costs.transfer_seconds("borrowed", n * st.costs.page_bytes)
             record = st.add(request, a.hit_tokens, a.cached_pages, cache.declined_blocks - counters[i][1],
                             cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
-                            want_record=on_record is not None)
+                            want_record=on_record is not None,
+                            cached_through=a.hit_tokens // self.page_size + a.num_new_pages)
             if on_request is not None:
                 on_request(request, a.hit_tokens)
             if record is not None:

@@ -158,3 +158,18 @@ def test_a_page_cached_before_the_replay_and_evicted_since_is_evicted():
             Request(np.array([0], dtype=np.uint32))], cache, on_record=records.append)
     reasons = [{k: v for k, v in r.miss_tokens_by_reason.items() if v} for r in records]
     assert reasons == [{}, {"other_namespace": 1}, {"evicted": 1}]
+
+
+def test_pages_served_as_a_miss_count_as_cached_for_the_tenant():
+    """x asks for the victim's two pages and one more: all three are cached for x once released
+    (two of them in the victim's blocks). Evicted by x's own next request, they miss as
+    ``evicted`` the next time, not as ``first_sight``."""
+    X = list(range(1, 9))
+    requests = [Request(tokens=X, tenant="victim"), Request(tokens=X + [9, 9, 9, 9], tenant="x"),
+                Request(tokens=list(range(20, 36)), tenant="x"), Request(tokens=X + [9, 9, 9, 9], tenant="x")]
+    cache = PrefixCache(4, page_size=4, sharing="k-anonymous")
+    result = replay(requests, cache)
+    cache.check()
+    assert result.hit_tokens == 0
+    assert result.miss_tokens_by_reason["evicted"] == 12, result.miss_tokens_by_reason
+    assert result.miss_tokens_by_reason["first_sight"] == 8 + 12 + 16, result.miss_tokens_by_reason
