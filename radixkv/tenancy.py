@@ -23,10 +23,25 @@ adaptive       shared, until a tenant has been served ``budget`` requests that
 
 Threat model, common to all: one attacker tenant that sends prompts of its
 choice and observes, per request, how many tokens were served from the cache
-(exactly: TTFT). What none of them hides: that the pool is shared (an attacker
-who fills HBM and times its own pages' eviction learns how busy others are,
-isolated included), and lower tiers and events keep their own rules
-(:mod:`radixkv.tiers`, :mod:`radixkv.events`).
+and from which tier (exactly: TTFT). What none of them hides: that the pool is
+shared (an attacker who fills HBM and times its own pages' eviction learns how
+busy others are, isolated included).
+
+Under a rule that filters (``k-anonymous``, ``adaptive``) a refused page is
+invisible to the request it is refused to: :meth:`~radixkv.cache.PrefixCache.match`
+and :meth:`~radixkv.cache.PrefixCache.admit` touch, split, lock, load and tell
+hooks and events about the served prefix only, and compute the rest in private
+blocks; the release caches the pages still missing then. Pages below HBM keep
+no requesters, so such a rule never serves (or loads) them.
+
+Which entry points take a tenant: ``match``, ``admit`` and ``insert`` (and the
+adapters' faces that call them). These are tenant-blind and must not face a
+tenant (an operator's tools, or a router that sees every tenant's pages anyway):
+``cached_pages``, ``peek_match``, ``locate``/``prefix_pages``, ``pin``/``unpin``
+(a pin loads pages back from below and keeps them), ``TieredCache.peek``, the
+vLLM block view's lookups, :class:`~radixkv.analysis.stats` miss reasons, and
+the KV events, which under a filtering rule show where a request was
+deduplicated (a release that found its pages cached stores nothing).
 
 Bookkeeping is per cached block: the rules that need it are observers of
 the engine (``stored`` / ``removed`` / ``cleared``), and a page that leaves
@@ -181,11 +196,15 @@ class KAnonymous(Sharing):
     a sybil with ``s`` accounts learns that ``k - s + 1`` honest tenants did:
     with ``k`` accounts (the others' probes plus the one victim make ``k``) it
     confirms a single victim's prefix, so ``k`` must exceed the accounts an
-    attacker can get. One residual channel: a page X was served as a miss
-    while another tenant's admission of it was still unreleased, and which
-    that admission then aborts, is gone for X's next request, where X's own
-    copy (written nowhere) would have stayed: X learns that someone's prefill
-    of that prefix failed.
+    attacker can get.
+
+    A refused page is invisible to the prober (see the module doc): no touch,
+    load, split, lock, hook or event. One residual channel remains, on a full
+    pool: the cache keeps one copy of a page, so after X asks for pages
+    another tenant cached, the pool holds one copy fewer than had they not,
+    and X's own pages are evicted later (a dedup side channel, the
+    indistinguishability game's strict xfail in the tests). Closing it means
+    keeping a refused tenant's pages as its own copy until they are public.
     """
 
     name = "k-anonymous"
