@@ -433,8 +433,9 @@ class PrefixCache:
         """Leading whole pages of ``tokens`` cached in HBM under ``namespace``, touching nothing.
 
         Unlike :meth:`match` it marks no use, advances no clock and splits no
-        node, so asking does not change what is evicted next. O(depth in nodes
-        + matched tokens) at C speed.
+        node, so asking does not change what is evicted next. Tenant-blind: it
+        counts pages whatever the sharing rule serves whom, so it must not face
+        a tenant. O(depth in nodes + matched tokens) at C speed.
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
@@ -528,7 +529,8 @@ class PrefixCache:
         ``num_tokens`` can be below :meth:`cached_pages` (times the page size)
         when the cached prefix ends inside a node, which only :meth:`match`
         splits. For an embedder that looks up what it has just inserted
-        without counting a use. O(depth + matched pages).
+        without counting a use. Tenant-blind (as :meth:`cached_pages`): it must
+        not face a tenant. O(depth + matched pages).
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
@@ -623,6 +625,10 @@ class PrefixCache:
         use: no hit, recompute or selective write-through count changes, and
         lower-tier ranks are not touched.
 
+        Tenant-blind, as :meth:`unpin`: it pins (and loads back) pages whatever
+        the sharing rule serves whom, so it is the operator's (pinning a system
+        prompt), never a tenant's request.
+
         >>> cache = PrefixCache(num_blocks=4, page_size=2)
         >>> cache.admit([7, 7, 8, 8]).release()
         >>> cache.pin([7, 7, 8, 8, 9])
@@ -645,7 +651,7 @@ class PrefixCache:
         """Release one pin, the deepest on ``tokens``'s cached path; return the tokens it covered.
 
         Raises :class:`LockError` (cache unchanged) when no pin covers a
-        prefix of ``tokens``. O(depth).
+        prefix of ``tokens``. Tenant-blind, as :meth:`pin`. O(depth).
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
@@ -1204,7 +1210,10 @@ class PrefixCache:
     def take_events(self) -> List[KVCacheEvent]:
         """KV events recorded since the last call, oldest first (see :mod:`radixkv.events`).
 
-        Always empty for a cache created without ``enable_events``. O(1).
+        Always empty for a cache created without ``enable_events``. Tenant-blind: the
+        events are every tenant's, and under a sharing rule that filters they show where a
+        request found its pages cached by another (its release stores nothing), so they are
+        the operator's and a router's, never a tenant's to read. O(1).
         """
         return self._events.take() if self._events is not None else []
 

@@ -43,6 +43,10 @@ class VLLMBlockView:
     created with ``enable_events``. Lookups do not count as uses (no LRU touch)
     and do not protect anything: to use the blocks, ``match`` and ``lock``
     through the cache.
+
+    Tenant-blind: it answers for every tenant's pages, whatever the cache's
+    sharing rule, so it must not face a tenant (a router or an operator may
+    use it; a request's lookup goes through ``match`` with its ``tenant``).
     """
 
     __slots__ = ("_cache", "_index")

@@ -607,7 +607,8 @@ class TieredCache(PrefixCache):
     def peek(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[int, int]:
         """``(HBM pages, lower-tier pages)`` of the longest cached prefix of ``tokens``; changes nothing.
 
-        For routers (cache-aware request routing). Cost: two read-only walks.
+        For routers (cache-aware request routing). Tenant-blind: it counts every tenant's
+        pages whatever the sharing rule, so it must not face a tenant. Cost: two read-only walks.
         """
         root, data, num_pages = self.locate(tokens, namespace=namespace)
         if root is None:
