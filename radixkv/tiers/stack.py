@@ -41,9 +41,9 @@ no slot), counted in :attr:`TierStack.tier_errors` and warned once. So a
 broken tier costs dropped pages and misses; the spill tree is never left with
 a node in flight or a slot held by no page. A tier's eviction *policy* is not
 behind that guard: a policy hook that raises while a tier makes room fails the
-operation, after the pages it left in flight are dropped (a recompute), the
-slots it took go back and a node it could not rank waits for the tier's next
-eviction.
+operation, after the pages it left in flight are dropped (a recompute; a load's
+pages released before the error too, with every copy below them), the slots it
+took go back and a node it could not rank waits for the tier's next eviction.
 
 Residency journal: when :attr:`TierStack.journal` is a list (a cache with
 events sets it), every change of a page's residency below HBM is appended to
@@ -496,19 +496,21 @@ class TierStack:
                     released.append(use)
                 if good < want:
                     break
-        except BaseException:  # a tier policy raised releasing a copy: what it left in flight is dropped
-            self._drop_in_flight()
-            self._tidy_fetch(lost, released)
+        except BaseException:  # a tier policy raised releasing a copy: what it left in flight is dropped,
+            self._drop_in_flight()  # and the pages released before it reach no HBM (the load fails)
+            self._tidy_fetch(lost, released, failed=True)
             raise
         self._tidy_fetch(lost, released)
         payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
         return got, payload, by_tier
 
-    def _tidy_fetch(self, lost: List[Node], released: List[Node]) -> None:
+    def _tidy_fetch(self, lost: List[Node], released: List[Node], failed: bool = False) -> None:
         """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and
-        the placeholders the pages read left behind are removed."""
+        the placeholders the pages read left behind are removed. ``failed``: the fetch raised, so
+        the pages it released never reach HBM: they are lost like a bad page, with every copy
+        below them (a sibling branch too), which no lookup could reach. O(nodes below)."""
         with self.completing():
-            for node in lost:  # the copies below a bad page go with it (see _lose)
+            for node in lost + released if failed else lost:
                 if node.gen >= 0:
                     self._lose(node)
             for node in reversed(released):
