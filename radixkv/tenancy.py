@@ -203,8 +203,12 @@ class KAnonymous(Sharing):
     pool: the cache keeps one copy of a page, so after X asks for pages
     another tenant cached, the pool holds one copy fewer than had they not,
     and X's own pages are evicted later (a dedup side channel, the
-    indistinguishability game's strict xfail in the tests). Closing it means
-    keeping a refused tenant's pages as its own copy until they are public.
+    indistinguishability game's strict xfail in the tests): an attacker that
+    can fill the pool confirms a guessed prompt with one probe. Policies with
+    a history of evicted pages key it by namespace, which the tenants of one
+    namespace share. Closing both means keeping a refused tenant's pages as
+    its own copy, with its own history, until they are public; until then
+    :class:`Isolated` is the rule for a pool that runs full.
     """
 
     name = "k-anonymous"
