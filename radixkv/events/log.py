@@ -225,6 +225,11 @@ class EventLog:
         events, self._events = self._events, []
         return events
 
+    def restore(self, events: List[KVCacheEvent]) -> None:
+        """Put back ``events``, taken by :meth:`take` but not delivered (a publish failed), ahead
+        of any recorded since, so the next :meth:`take` returns them all in order. O(events)."""
+        self._events[:0] = events
+
     def lookup(self, block_hash: BlockHash) -> Optional[int]:
         """As :meth:`PageHashIndex.lookup <radixkv.events.page_hashes.PageHashIndex.lookup>`. O(1)."""
         return self.index.lookup(block_hash)

@@ -23,7 +23,7 @@ with its default ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``, or the full hash
 bytes with ``BlockHasher(use_int_block_hashes=False)``. radixkv's tier moves
 become vLLM's offloading events: ``BlockStored``/``BlockRemoved`` on medium
 ``"CPU"`` (host tier) or ``"STORAGE"`` (disk, ``locality="LOCAL"``; remote,
-``locality="REMOTE"``).
+``locality="REMOTE"``); a tier of another name on its own medium (``"ssd"``: ``"SSD"``).
 
 Needs ``pyzmq`` and ``msgspec`` (``pip install 'radixkv[events]'``), imported
 when a publisher is created.
@@ -57,7 +57,9 @@ WIRE_MEDIUM: Dict[str, Tuple[str, Optional[str]]] = {
     MEDIUM_DISK: ("STORAGE", "LOCAL"),
     MEDIUM_REMOTE: ("STORAGE", "REMOTE"),
 }
-"""radixkv medium -> vLLM's (``medium``, ``locality``) on the wire."""
+"""radixkv medium -> vLLM's (``medium``, ``locality``) on the wire. Any other medium (a tier
+named otherwise reports its upper-cased name: ``"ssd"`` -> ``"SSD"``) goes out as itself with
+no locality (see :func:`wire_medium`)."""
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 """Sequence number of the replay socket's end-of-replay marker."""
@@ -77,16 +79,24 @@ def _wire_hashes(hashes: Iterable[Any], use_int: Optional[bool]) -> List[Any]:
     return out
 
 
-def _medium(medium: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+def wire_medium(medium: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
+    """vLLM's ``(medium, locality)`` for a radixkv ``medium``. O(1).
+
+    The media of :data:`WIRE_MEDIUM` map to vLLM's values; any other string (every tier name
+    has one, so a tier's events never fail to encode) is sent as itself, vLLM's ``medium``
+    being a free optional str, with ``locality`` left out: radixkv knows no more of such a
+    tier than its name (a router keys residency by the pair, so its pages count on their own
+    medium). Raises ``TypeError`` for a medium that is neither a str nor ``None``.
+    """
     if medium is None:
         return None, None
-    if medium not in WIRE_MEDIUM:
-        raise ArgumentValueError(f"unknown medium {medium!r}; known: {', '.join(WIRE_MEDIUM)}")
-    return WIRE_MEDIUM[medium]
+    if not isinstance(medium, str):
+        raise ArgumentTypeError(f"an event's medium must be a str or None, got {medium!r}")
+    return WIRE_MEDIUM.get(medium) or (medium, None)
 
 
 def _stored(event: BlockStored, use_int: Optional[bool]) -> Dict[str, Any]:
-    medium, locality = _medium(event.medium)
+    medium, locality = wire_medium(event.medium)
     parent = event.parent_block_hash
     out: Dict[str, Any] = {
         "type": "BlockStored",
@@ -107,7 +117,7 @@ def _stored(event: BlockStored, use_int: Optional[bool]) -> Dict[str, Any]:
 
 
 def _removed(event: BlockRemoved, use_int: Optional[bool]) -> Dict[str, Any]:
-    medium, locality = _medium(event.medium)
+    medium, locality = wire_medium(event.medium)
     out: Dict[str, Any] = {"type": "BlockRemoved", "block_hashes": _wire_hashes(event.block_hashes, use_int),
                            "medium": medium, "group_idx": 0}
     if locality is not None:
@@ -307,8 +317,8 @@ class ZmqEventPublisher:
                                exclusive_tiers=self.exclusive_tiers, use_int_block_hashes=self.use_int_block_hashes)
         with self._lock:  # sequence numbers in queue order, whichever thread publishes
             seq = self._next_seq
-            self._next_seq += 1
             self._queue.put((seq, payload))
+            self._next_seq = seq + 1  # only once queued: a failed hand-off leaves no gap
         return seq
 
     def close(self, timeout: float = 5.0) -> None:
@@ -374,11 +384,21 @@ def publish_from(cache: Any, publisher: ZmqEventPublisher) -> Optional[int]:
 
     ``cache`` is a :class:`~radixkv.PrefixCache` (or ``TieredCache``) created
     with ``enable_events``. Returns the batch's sequence number, ``None`` if
-    there was nothing to send. Call it after each scheduling step.
+    there was nothing to send. Call it after each scheduling step. A publish
+    that raises (an event that does not encode, a failed hand-off to the
+    sender) puts the events back in the log: the next call sends them, so no
+    step's events are lost or sent twice. Cost: the publish's.
     """
-    if cache.event_log is None:
+    log = cache.event_log
+    if log is None:
         raise ArgumentValueError("publish_from needs a cache created with enable_events")
-    return publisher.publish(cache.take_events())
+    events = cache.take_events()
+    try:
+        return publisher.publish(events)
+    except BaseException:
+        log.restore(events)
+        raise
 
 
-__all__ = ["END_SEQ", "WIRE_MEDIUM", "ZmqEventPublisher", "encode_batch", "publish_from", "to_vllm_events"]
+__all__ = ["END_SEQ", "WIRE_MEDIUM", "ZmqEventPublisher", "encode_batch", "publish_from", "to_vllm_events",
+           "wire_medium"]

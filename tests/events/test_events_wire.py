@@ -82,8 +82,10 @@ def test_hash_forms_and_bad_events():
         to_vllm_events(["BlockStored"])
     with pytest.raises(TypeError, match="hashes"):
         to_vllm_events([BlockRemoved([1.5])])
-    with pytest.raises(ValueError, match="medium"):
-        to_vllm_events([BlockRemoved([1], "NVME")])
+    with pytest.raises(TypeError, match="medium"):
+        to_vllm_events([BlockRemoved([1], 3)])
+    # a medium of another name (a tier "nvme" reports "NVME") is sent as itself, no locality
+    assert [(w["medium"], w.get("locality")) for w in to_vllm_events([BlockRemoved([1], "NVME")])] == [("NVME", None)]
 
 
 # ---------------------------------------------------------------- the sockets
