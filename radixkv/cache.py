@@ -885,7 +885,7 @@ class PrefixCache:
         node = self._split(child, served - pos) if served > pos else self._cut(node, served)
         self._tenancy.served(tenant, decision)
         if self._lower is not None:
-            self._lower.lookup(root, data, node, served, served, True)
+            self._lower.hbm_hit(node, data, served)
         return node, decision
 
     def _admit_served(self, root: Root, data: bytes, num_pages: int, tenant: Optional[str], priority: int,

@@ -60,10 +60,10 @@ class LowerLayer:
     def bind(self, cache: "PrefixCache") -> None:
         """Called once, at the end of the engine's constructor: the cache this layer serves."""
 
-    def refused(self, pages: int) -> None:
-        """The cache's sharing rule served the request it looked up last (:meth:`lookup` with
-        ``use``) ``pages`` fewer pages than were found: the last ``pages`` of the match, which the
-        request computes itself. A layer that counted them as hits takes them back. Default: nothing."""
+    def hbm_hit(self, node: Node, key: bytes, pages: int) -> None:
+        """A request under a sharing rule that filters was served its first ``pages`` pages of
+        ``key`` from HBM, through ``node``; nothing below HBM is looked at for it (a copy below
+        keeps no requesters, so the rule would refuse it). A layer counts the hit. Default: nothing."""
 
     def unbind(self, cache: "PrefixCache") -> None:
         """Undo :meth:`bind`: ``cache``'s construction was refused after it (a sharing rule that

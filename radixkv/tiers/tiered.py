@@ -207,7 +207,6 @@ class TierLayer(LowerLayer):
     def zero_stats(self) -> None:
         """Zero hits per tier, recomputes and the stack's counters. O(tiers)."""
         self.hit_pages: Dict[str, int] = {HBM: 0, **{t.name: 0 for t in self.stack.tiers}}
-        self._counted: List[Tuple[str, int]] = []  # the last looked-up request's hits by tier
         self.recomputed_pages = 0
         stack = self.stack
         stack.ledger.reset()
@@ -302,10 +301,7 @@ class TierLayer(LowerLayer):
         """Count the HBM hit (and selective hit counts); find the pages continuing below HBM."""
         stack = self.stack
         if use:
-            self.hit_pages[HBM] += pos
-            self._counted = [(HBM, pos)]  # this request's hits by tier, in page order (see refused)
-            if self.selective and pos:
-                self._count_hits(node, key)
+            self.hbm_hit(node, key, pos)
         if not stack.num_pages or (pos >= num_pages and self.exclusive):
             return None
         run = stack.lookup(root, key, pos, num_pages, touch=use)
@@ -322,24 +318,17 @@ class TierLayer(LowerLayer):
         self.report()
         return Load(got, payload, by_tier)
 
+    def hbm_hit(self, node: Node, key: bytes, pages: int) -> None:
+        """Count ``pages`` HBM hits (and, under selective write-through, a hit on each node from
+        ``node`` up). O(1), or O(depth) selective."""
+        self.hit_pages[HBM] += pages
+        if self.selective and pages:
+            self._count_hits(node, key)
+
     def complete_load(self, load: Load, use: bool) -> None:
         if use:
             for name, pages in load.receipt:
                 self.hit_pages[name] += pages
-            self._counted.extend(load.receipt)
-
-    def refused(self, pages: int) -> None:
-        """The sharing rule served the request that was looked up last ``pages`` fewer pages than
-        matched: they are its matched path's last ones, so their hits leave the tiers that held
-        them, deepest first (the hit counts then sum to what the calls returned). O(tiers)."""
-        counted = self._counted
-        while pages > 0 and counted:
-            name, held = counted.pop()
-            take = min(held, pages)
-            self.hit_pages[name] -= take
-            pages -= take
-            if held > take:
-                counted.append((name, held - take))
 
     def cancel_load(self, load: Load, root: Node, data: bytes, pos: int) -> None:
         """Under write-back the fetch gave the lower copies up: forget every copy from page ``pos``
