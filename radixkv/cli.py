@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Iterable, List, Optional
 
 import click
 
@@ -21,11 +21,15 @@ from .cache import PrefixCache
 from .capacity import describe, parse_capacity, resolve_blocks
 from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
 from .errors import ArgumentValueError, RadixKVError
-from .keys import check_positive_int
+from .keys import check_int
 from .analysis.output import OUTPUT_FORMATS, pick_columns, render, to_json
 from .analysis.replay import ReplayResult, replay
 from .workload.sources import TRACE_FORMATS, open_trace
+from .workload.traces import Request
 from .analysis.stats import MISS_REASONS
+from .workload.limits import (MAX_CAPACITY_BLOCKS, MAX_CLUSTER_BLOCKS, MAX_HELD_REQUESTS, MAX_HELD_TOKENS,
+                              MAX_INSTANCES, MAX_JOBS, MAX_PAGE_SIZE, MAX_REMOTE_HOSTS, MAX_REQUESTS, MAX_TENANTS,
+                              check_at_most, spell)
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""
@@ -141,29 +145,43 @@ def capacity_options(what: str) -> Callable:
     def decorate(fn: Callable) -> Callable:
         fn = click.option("--kv-cache-memory", default=None, metavar="BYTES",
                           help=f"{what} as KV bytes of --model, e.g. 40GiB or 40GB (vLLM's "
-                               "--kv-cache-memory-bytes).")(fn)
+                               f"--kv-cache-memory-bytes); at most {CAPACITY_BOUND}.")(fn)
         fn = click.option("--max-total-tokens", default=None, metavar="TOKENS",
-                          help=f"{what} in tokens, e.g. 3000000 or 3M (SGLang's --max-total-tokens).")(fn)
+                          help=f"{what} in tokens, e.g. 3000000 or 3M (SGLang's --max-total-tokens); at most "
+                               f"{CAPACITY_BOUND}.")(fn)
         return click.option("--num-blocks", default=None, metavar="BLOCKS",
-                            help=f"{what} in blocks (pages), e.g. 187500 or 187.5k. Give exactly one of "
-                                 "the three.")(fn)
+                            help=f"{what} in blocks (pages), e.g. 187500 or 187.5k; at most {CAPACITY_BOUND}. "
+                                 "Give exactly one of the three.")(fn)
     return decorate
 
 
 CAPACITY_FLAGS = ("--num-blocks", "--max-total-tokens", "--kv-cache-memory")
+CAPACITY_BOUND = f"{spell(MAX_CAPACITY_BLOCKS)} blocks"
+"""How a capacity's help and errors state :data:`~radixkv.workload.limits.MAX_CAPACITY_BLOCKS`."""
+
+
+def capped(flag: str, text: object, blocks: int) -> int:
+    """``blocks``, what ``flag`` given ``text`` comes to, if one cache may have that many
+    (:data:`~radixkv.workload.limits.MAX_CAPACITY_BLOCKS`), else an error naming the flag. O(1)."""
+    if blocks > MAX_CAPACITY_BLOCKS:
+        raise ArgumentValueError(f"{flag} {text} is {blocks:,} blocks; a cache may have at most {CAPACITY_BOUND}")
+    return blocks
 
 
 def cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size: int, model: str) -> int:
     """The capacity options as blocks (errors name the flag)."""
-    return resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens, kv_cache_memory=kv_cache_memory,
-                          page_size=page_size, model=model, names=CAPACITY_FLAGS)
+    blocks = resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens, kv_cache_memory=kv_cache_memory,
+                            page_size=page_size, model=model, names=CAPACITY_FLAGS)
+    flag, text = next((f, v) for f, v in zip(CAPACITY_FLAGS, (num_blocks, max_total_tokens, kv_cache_memory))
+                      if v is not None)
+    return capped(flag, text, blocks)
 
 
 def tier_blocks(flag: str, text: str, page_size: int, model: str) -> int:
     """A lower tier's size: ``0`` (none), or blocks / tokens (``3Mtok``) / bytes (``64GiB``)."""
     if str(text).strip() == "0":
         return 0
-    return parse_capacity(text, page_size=page_size, model=model, name=flag)
+    return capped(flag, text, parse_capacity(text, page_size=page_size, model=model, name=flag))
 
 
 def capacity_line(num_blocks: int, page_size: int, model: Optional[str]) -> str:
@@ -178,12 +196,31 @@ def with_capacity(row: dict, model: Optional[str]) -> dict:
     return {**row, **describe(row["num_blocks"], row["page_size"], model)}
 
 
-def positive(ctx, param, value):
-    """Click callback: an int option's ``value`` if it is > 0 (:func:`radixkv.keys.check_positive_int`)."""
-    try:
-        return None if value is None else check_positive_int(value, param.name)
-    except ArgumentValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+def bounded(maximum: int, minimum: int = 1) -> Callable:
+    """Click callback for an int option: its value if in ``[minimum, maximum]``, else a usage error
+    naming the option (one line, exit 2). The bounds are :mod:`radixkv.workload.limits`'; the
+    option's help states ``maximum``. O(1)."""
+    def check(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            value = check_int(value, param.name, minimum=minimum, bound="> 0" if minimum == 1 else None)
+            return check_at_most(value, param.name, maximum)
+        except ArgumentValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return check
+
+
+def page_size_option(fn: Callable) -> Callable:
+    """``--page-size``: tokens per page, at most :data:`~radixkv.workload.limits.MAX_PAGE_SIZE`."""
+    return click.option("--page-size", default=16, show_default=True, type=int, callback=bounded(MAX_PAGE_SIZE),
+                        help=f"Tokens per page (at most {spell(MAX_PAGE_SIZE)}).")(fn)
+
+
+def limit_option(verb: str) -> Callable:
+    """``--limit N``: ``verb`` only the first N requests (at most :data:`~radixkv.workload.limits.MAX_REQUESTS`)."""
+    return click.option("--limit", default=None, type=int, callback=bounded(MAX_REQUESTS, minimum=0),
+                        help=f"{verb} only the first N requests (at most {spell(MAX_REQUESTS)}).")
 
 
 def policy_name(ctx, param, value):
@@ -254,23 +291,25 @@ def main() -> None:
 @main.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@page_size_option
 @capacity_options("HBM cache capacity")
 @output_options
-@click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
+@limit_option("Replay")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
-              help="Host-DRAM tier capacity: blocks, tokens (3Mtok) or bytes (64GiB); 0: none.")
+              help=f"Host-DRAM tier capacity: blocks, tokens (3Mtok) or bytes (64GiB), at most {CAPACITY_BOUND}; "
+                   "0: none.")
 @click.option("--write-policy", default="write_back", show_default=True,
               type=click.Choice(["write_back", "write_through", "write_through_selective"]),
               help="How pages reach the lower tiers.")
-@click.option("--remote-hosts", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Simulated remote hosts (0: none).")
+@click.option("--remote-hosts", default=0, show_default=True, type=int, callback=bounded(MAX_REMOTE_HOSTS, minimum=0),
+              help=f"Simulated remote hosts (at most {spell(MAX_REMOTE_HOSTS)}; 0: none).")
 @click.option("--remote-blocks", default="0", show_default=True, metavar="SIZE",
-              help="Capacity per remote host: blocks, tokens (3Mtok) or bytes (64GiB).")
+              help=f"Capacity per remote host: blocks, tokens (3Mtok) or bytes (64GiB), at most {CAPACITY_BOUND}.")
 @click.option("--redis", "redis_urls", multiple=True, metavar="URL",
-              help="A Redis server as one remote host (repeatable); replaces the simulated hosts.")
+              help=f"A Redis server as one remote host (repeatable, at most {spell(MAX_REMOTE_HOSTS)} times); "
+                   "replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
 @records_option
@@ -353,7 +392,10 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
 
 
 def check_remote_flags(remote_hosts: int, remote_blocks: int, redis_urls: tuple) -> None:
-    """Refuse inconsistent remote-tier flags with a message naming the flags."""
+    """Refuse inconsistent remote-tier flags, or more --redis URLs than remote hosts may be, naming the flags."""
+    if len(redis_urls) > MAX_REMOTE_HOSTS:
+        raise ArgumentValueError(f"--redis given {len(redis_urls):,} times; at most {spell(MAX_REMOTE_HOSTS)} "
+                                 "remote hosts")
     if redis_urls and remote_hosts and remote_hosts != len(redis_urls):
         raise ArgumentValueError(f"--remote-hosts {remote_hosts} does not match the {len(redis_urls)} --redis "
                                  "URL(s): each URL is one remote host")
@@ -423,10 +465,11 @@ def kv_events_publisher(endpoint: Optional[str], replay_endpoint: Optional[str],
 
 
 @main.command("demo")
-@click.option("--requests", "num_requests", default=3000, show_default=True, type=int, callback=positive,
-              help="Requests in the generated trace.")
+@click.option("--requests", "num_requests", default=3000, show_default=True, type=int,
+              callback=bounded(MAX_HELD_REQUESTS), help=f"Requests in the generated trace (at most "
+                                                        f"{spell(MAX_HELD_REQUESTS)}: the demo holds them all).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Trace seed.")
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@page_size_option
 @click.option("--out-dir", default="out", show_default=True, type=click.Path(file_okay=False),
               help="Where to write demo.jsonl (one line per run) and demo.png.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -442,7 +485,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     from .workload.generators import generate
     from .analysis.sweep import trace_curve
 
-    requests = list(generate("mix", seed, num_requests))
+    requests = held(generate("mix", seed, num_requests), "--requests")
     prompt_tokens = sum(len(r.tokens) for r in requests)
     pages = prompt_tokens // page_size
     capacities = sorted({max(1, pages // d) for d in (400, 150, 60, 25, 10)})
@@ -496,7 +539,7 @@ def write_jsonl(rows: list, path: str) -> None:
 
 
 CAPACITIES_HELP = ("Comma-separated capacities: blocks (1000, 10k), tokens (3Mtok), KV bytes of --model (40GiB) "
-                   "or shares of the trace's distinct pages (1%,5%,25%,100%).")
+                   f"or shares of the trace's distinct pages (1%,5%,25%,100%); each at most {CAPACITY_BOUND}.")
 
 
 def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> list:
@@ -506,8 +549,10 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 
     pages = functools.lru_cache(maxsize=None)(
         lambda: distinct_pages(trace, page_size, mooncake=trace.format == "mooncake"))
-    return named("--capacities", lambda t: parse_capacities(t, page_size=page_size, model=model or DEFAULT_MODEL,
+    caps = named("--capacities", lambda t: parse_capacities(t, page_size=page_size, model=model or DEFAULT_MODEL,
                                                             distinct_pages=pages), text)
+    items = [item.strip() for item in text.split(",") if item.strip()]  # parse_capacities' items, in order
+    return [capped("--capacities", item, blocks) for item, blocks in zip(items, caps)]
 
 
 @main.command("sweep")
@@ -515,11 +560,11 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.option("--policies", "policy_list", default="lru", show_default=True,
               help="Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady.")
 @click.option("--capacities", required=True, help=CAPACITIES_HELP)
-@click.option("--jobs", default=1, show_default=True, type=int, callback=positive,
-              help="Parallel worker processes (each replays whole runs).")
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@click.option("--jobs", default=1, show_default=True, type=int, callback=bounded(MAX_JOBS),
+              help=f"Parallel worker processes, each replaying whole runs (at most {spell(MAX_JOBS)}).")
+@page_size_option
 @output_options
-@click.option("--limit", default=None, type=click.IntRange(min=0), help="Replay only the first N requests.")
+@limit_option("Replay")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write one JSON line per (policy, capacity) to this file.")
@@ -553,12 +598,12 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 
 @main.command("curve")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@page_size_option
 @click.option("--capacities", default="auto", show_default=True,
               help=CAPACITIES_HELP + " auto: about 50 log-spaced capacities from 1 block to the trace's "
                                      "distinct pages.")
 @output_options
-@click.option("--limit", default=None, type=click.IntRange(min=0), help="Use only the first N requests.")
+@limit_option("Use")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size the GiB column.")
@@ -623,7 +668,8 @@ def plot_cmd(results, output, title) -> None:
 @main.command("gen")
 @click.argument("kind")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same trace).")
-@click.option("--num-requests", default=1000, show_default=True, type=click.IntRange(min=0), help="Requests.")
+@click.option("--num-requests", default=1000, show_default=True, type=int, callback=bounded(MAX_REQUESTS, minimum=0),
+              help=f"Requests (at most {spell(MAX_REQUESTS)}).")
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="Token JSONL file to write ('-': stdout).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
@@ -648,6 +694,21 @@ def gen_cmd(kind, seed, num_requests, output, params) -> None:
         click.echo(f"wrote {count} requests to {output}", err=True)
 
 
+def held(requests: Iterable[Request], what: str) -> List[Request]:
+    """``requests`` as a list, for a command that holds a whole workload; an error naming ``what``
+    once their prompts pass :data:`~radixkv.workload.limits.MAX_HELD_TOKENS` (before the memory
+    goes). O(requests)."""
+    out: List[Request] = []
+    tokens = 0
+    for request in requests:
+        tokens += len(request.tokens)
+        if tokens > MAX_HELD_TOKENS:
+            raise ArgumentValueError(f"{what}: the prompts of the first {len(out) + 1:,} requests pass "
+                                     f"{spell(MAX_HELD_TOKENS)} tokens, the most a command holds in memory at once")
+        out.append(request)
+    return out
+
+
 def gen_params(params: tuple) -> dict:
     """``--param KEY=VALUE`` options as generator keyword arguments (values JSON, else text)."""
     kwargs = {}
@@ -666,20 +727,23 @@ def gen_params(params: tuple) -> dict:
 @click.option("--workload", default="multitenant", show_default=True, metavar="multitenant|TRACE",
               help="The generated multi-tenant workload, or a token trace with a 'tenant' field.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the generated workload.")
-@click.option("--num-requests", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="Requests of the generated workload (probes included).")
+@click.option("--num-requests", default=1000, show_default=True, type=int,
+              callback=bounded(MAX_HELD_REQUESTS, minimum=0),
+              help=f"Requests of the generated workload, probes included (at most {spell(MAX_HELD_REQUESTS)}: the "
+                   f"attack holds them all, and their prompts at most {spell(MAX_HELD_TOKENS)} tokens).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A multitenant generator parameter (repeatable), as for radixkv gen.")
 @click.option("--sharing", default="shared", show_default=True,
               type=click.Choice(["shared", "isolated", "k-anonymous", "adaptive"]), help="Sharing rule.")
-@click.option("--k", default=None, type=int, callback=positive,
-              help="k of k-anonymous and adaptive (default 3).")
-@click.option("--budget", default=None, type=click.IntRange(min=0),
-              help="Requests adaptive serves beyond k-anonymity before it isolates a tenant (default 2).")
+@click.option("--k", default=None, type=int, callback=bounded(MAX_TENANTS),
+              help=f"k of k-anonymous and adaptive, a count of tenants (default 3, at most {spell(MAX_TENANTS)}).")
+@click.option("--budget", default=None, type=int, callback=bounded(MAX_REQUESTS, minimum=0),
+              help="Requests adaptive serves beyond k-anonymity before it isolates a tenant (default 2, at most "
+                   f"{spell(MAX_REQUESTS)}).")
 @click.option("--attacker", default="attacker", show_default=True, help="The attacker's tenant name.")
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
-@click.option("--num-blocks", default=None, type=int, callback=positive,
-              help="HBM capacity in blocks (default: the whole trace, nothing evicted).")
+@page_size_option
+@click.option("--num-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
+              help=f"HBM capacity in blocks (default: the whole trace, nothing evicted; at most {CAPACITY_BOUND}).")
 @click.option("--json", "as_json", is_flag=True, help="Only the JSON line.")
 @click.option("--quiet", is_flag=True, help="Same as --json: only the JSON line.")
 @user_errors
@@ -695,12 +759,13 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
     if sharing in ("shared", "isolated") and options:
         raise ArgumentValueError(f"--sharing {sharing} takes no --{next(iter(options))}")
     if workload == "multitenant":
-        requests = generate("multitenant", seed, num_requests, page_size=page_size, **gen_params(params))
+        requests = held(generate("multitenant", seed, num_requests, page_size=page_size, **gen_params(params)),
+                        "the workload (--num-requests, --param)")
         source = f"multitenant(seed={seed})"
     else:
         if params:
             raise ArgumentValueError("--param applies to the generated workload, not to a trace file")
-        requests, source = open_trace(workload), workload
+        requests, source = held(open_trace(workload), workload), workload
     result = attack(requests, sharing=sharing, page_size=page_size, num_blocks=num_blocks, attacker=attacker,
                     **options).as_dict()
     if not (as_json or quiet):
@@ -717,10 +782,13 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 
 @main.command("cluster")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--instances", default=4, show_default=True, type=int, callback=positive, help="Serving instances.")
+@click.option("--instances", default=4, show_default=True, type=int, callback=bounded(MAX_INSTANCES),
+              help=f"Serving instances (at most {spell(MAX_INSTANCES)}, and {spell(MAX_CLUSTER_BLOCKS)} HBM blocks "
+                   "in all).")
 @capacity_options("HBM capacity per instance")
 @click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
-              help="Host-tier capacity per instance: blocks, tokens (3Mtok) or bytes (64GiB); 0: none.")
+              help=f"Host-tier capacity per instance: blocks, tokens (3Mtok) or bytes (64GiB), at most "
+                   f"{CAPACITY_BOUND}; 0: none.")
 @click.option("--routing", default="round_robin", show_default=True,
               type=click.Choice(["round_robin", "least_loaded", "cache_aware"]), help="Request routing.")
 @click.option("--borrowing/--no-borrowing", default=False, show_default=True,
@@ -732,9 +800,9 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @click.option("--lending", default="free", show_default=True, type=click.Choice(["free", "value"]),
               help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
-@click.option("--page-size", default=16, show_default=True, type=int, callback=positive, help="Tokens per page.")
+@page_size_option
 @output_options
-@click.option("--limit", type=click.IntRange(min=0), default=None, help="Replay only the first N requests.")
+@limit_option("Replay")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @records_option
@@ -756,6 +824,9 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
+    if instances * num_blocks > MAX_CLUSTER_BLOCKS:
+        raise ArgumentValueError(f"--instances {instances} x {num_blocks:,} blocks each is {instances * num_blocks:,} "
+                                 f"HBM blocks; a cluster may have at most {spell(MAX_CLUSTER_BLOCKS)} in all")
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
