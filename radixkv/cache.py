@@ -316,6 +316,8 @@ class PrefixCache:
         self._unranked: dict = {}  # leaf -> None whose priority raised: ranked before the next eviction
         self._detached_blocks = 0
         self._page_index = None  # optional page-identity index (radixkv.analysis.stats.PageIndex)
+        self._extra_observers: tuple = ()  # add_page_observer's (a cluster-wide page index)
+        self._unwritten_nodes: dict = {}  # node -> None: an unreleased admission's new pages (KV not written yet)
         self._on_free = on_free  # the free-block sink, or None: freed blocks go to the pool's free list
         self._policy.claim()  # one cache per policy: its history is about this cache's pages
         bound = None  # the lower layer, once it bound to this cache
@@ -440,6 +442,42 @@ class PrefixCache:
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace)
         return 0 if root is None else self.prefix_pages(root, data, num_pages)
+
+    def cached_blocks(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> np.ndarray:
+        """The blocks of :meth:`cached_pages`' pages, in order (a new ``int32`` array), touching
+        nothing: for a peer that copies them out (:class:`radixkv.cluster.Cluster`'s pulls).
+        Tenant-blind, as :meth:`cached_pages`. O(depth + matched pages)."""
+        data, num_pages = self._pages(tokens)
+        root = self._existing_root(namespace)
+        if root is None:
+            return _NO_BLOCKS.copy()
+        node, _, child, common = self._tree.walk(root, data, num_pages)
+        parts = self._tree.path_parts(node)
+        if common:
+            parts += extents.cut(child.parts, common)[0]
+        return extents.to_array(parts)
+
+    def settled_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+        """Leading pages of ``tokens`` cached in HBM whose KV is written, touching nothing: the pages
+        before the first new page of an admission not released yet, for a peer to copy. Tenant-blind,
+        as :meth:`cached_pages`. O(depth + matched pages).
+        """
+        data, num_pages = self._pages(tokens)
+        root = self._existing_root(namespace)
+        if root is None:
+            return 0
+        node, pos, child, common = self._tree.walk(root, data, num_pages)
+        unwritten = self._unwritten_nodes
+        if not unwritten:
+            return pos + common
+        if child is not None and child not in unwritten:
+            pos += common
+        n = node
+        while n.parent is not None:  # the shallowest unwritten node on the path ends what is settled
+            if n in unwritten:
+                pos = n.start
+            n = n.parent
+        return pos
 
     def locate(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[Optional[Root], bytes, int]:
         """``(root, key, num_pages)``: the registered root of ``namespace`` (``None`` when it holds
@@ -856,6 +894,7 @@ class PrefixCache:
                 # path above already carries it, only the leaf's pages join.
                 self._protected += leaf.num_pages
                 holder = leaf
+                self._unwritten_nodes[leaf] = None
         if priority:
             self._retain(holder, priority, expires_at)
         admitted = self._admitted
@@ -1016,6 +1055,8 @@ class PrefixCache:
         states = self._pool.states(blocks)
         assert np.all(states == CACHED), f"tree holds blocks not in state cached: {blocks[states != CACHED][:10].tolist()}"
         detached = self._check_detached()
+        for node in self._unwritten_nodes:
+            assert node.lock_ref > 0 and node.alive, f"unwritten {node} is not held by its admission"
         assert self._pool.count(CACHED) == cached + detached, (
             f"{self._pool.count(CACHED)} blocks in state cached, tree holds {cached} (+ {detached} aborted, held)")
         held = self._pool.count(HELD)
@@ -1195,11 +1236,36 @@ class PrefixCache:
         """The page-hash index (see :meth:`attach_page_hashes`), or ``None`` when the cache keeps none. O(1)."""
         return self._page_hashes
 
+    def add_page_observer(self, observer: Any) -> None:
+        """Tell ``observer`` of every page entering or leaving HBM from now on, as the attached page
+        index (:meth:`attach_page_index`): ``stored(leaf)``, ``removed(blocks)``, ``cleared()``
+        (:class:`radixkv.events.page_hashes.PageObserver`). Any number may be added, each once (a
+        cluster-wide index, :class:`radixkv.global_index.GlobalPageIndex`). It is not told of the
+        pages cached now. Raises ArgumentTypeError for an object without the three methods,
+        ArgumentValueError for one added already. O(observers)."""
+        if not all(callable(getattr(observer, name, None)) for name in ("stored", "removed", "cleared")):
+            raise ArgumentTypeError(f"a page observer needs stored, removed and cleared methods, got {observer!r}")
+        if any(o is observer for o in self._extra_observers):
+            raise ArgumentValueError(f"{observer!r} observes this cache already")
+        self._extra_observers += (observer,)
+        self._observe()
+
+    def remove_page_observer(self, observer: Any) -> None:
+        """Stop telling ``observer`` (added by :meth:`add_page_observer`) of pages; raises
+        ArgumentValueError when it was not added. O(observers)."""
+        kept = tuple(o for o in self._extra_observers if o is not observer)
+        if len(kept) == len(self._extra_observers):
+            raise ArgumentValueError(f"{observer!r} does not observe this cache")
+        self._extra_observers = kept
+        self._observe()
+
     def _observe(self) -> None:
         """Rebuild the observers told of pages entering and leaving: the hash index (through the
-        event recorder when events are on, which updates it), then the attached page index."""
+        event recorder when events are on, which updates it), the attached page index, the added
+        observers, then the sharing rule."""
         first = self._events if self._events is not None else self._page_hashes
-        self._observers = tuple(o for o in (first, self._page_index, self._tenancy) if o is not None)
+        self._observers = tuple(o for o in (first, self._page_index, *self._extra_observers, self._tenancy)
+                                if o is not None)
 
     # ------------------------------------------------------------------ events
     @property
@@ -1273,6 +1339,8 @@ class PrefixCache:
 
     def _split(self, child: Node, pages: int) -> Node:
         upper = self._tree.split(child, pages)
+        if self._unwritten_nodes and child in self._unwritten_nodes:
+            self._unwritten_nodes[upper] = None
         self._policy.on_split(upper, child)
         if self._lower is not None:
             self._lower.split(upper, child)
@@ -1588,6 +1656,8 @@ class PrefixCache:
                 self._victims.discard(n)
             if self._expiry:
                 self._expiry.pop(n, None)
+            if self._unwritten_nodes:
+                self._unwritten_nodes.pop(n, None)
             if on_evict is not None:
                 try:
                     on_evict(n, n.num_pages, None)
@@ -1686,6 +1756,11 @@ class PrefixCache:
 
     def _finish_admission(self, node: Node, hit_pages: int, record: Any, aborted: bool) -> None:
         """End an admission whose deepest page is ``node`` (:meth:`Admission.release` / ``abort``)."""
+        if self._unwritten_nodes:  # released: its new pages hold KV now; aborted: they leave the cache
+            n = node
+            while n.parent is not None and n.start >= hit_pages:
+                self._unwritten_nodes.pop(n, None)
+                n = n.parent
         if not aborted:
             if record is None:
                 self._release_admission(node)

@@ -53,6 +53,7 @@ from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.host import HostTier
 from .tiers.lending import BorrowedTier
 from .tiers.tiered import TieredCache
+from .global_index import GlobalPageIndex
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
 LENDING = ("free", "value")
@@ -70,6 +71,20 @@ def routes_ahead(routing: str, num_instances: int) -> bool:
     exist before the replay, so an offline policy is refused there.
     """
     return routing == "round_robin" or num_instances == 1
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Pages an admission got from a peer instance through the cluster-wide index.
+
+    Attributes:
+        pages: pages copied from ``source`` into the head of the admission's new blocks (0: none);
+            they count as hits (``hit_tokens_by_tier["peer"]``), charged a network transfer.
+        source: the instance they came from (``None`` when none).
+    """
+
+    pages: int
+    source: Optional[int]
 
 
 class Instance:
@@ -385,6 +400,12 @@ class ClusterResult:
         miss_tokens_by_reason: missed tokens per reason, summed over instances (empty without
             miss reasons); model, hardware, prefill_flops_saved: as ReplayResult; evicted_blocks:
             blocks evicted to make room for requests, summed over instances.
+        global_index: whether instances pull pages from each other through the cluster-wide index
+            (:class:`~radixkv.global_index.GlobalPageIndex`); peer_hit_tokens / pages_pulled: what
+            they pulled (in ``hit_tokens`` and ``hit_tokens_by_tier["peer"]``); peer_transfer_seconds:
+            its network transfer time (the cost model's ``peer`` path, subtracted from the TTFT
+            saving); index_us_per_request: wall time keying and looking up each request in the
+            index; index_pages: pages in the index at the end.
     """
 
     routing: str
@@ -417,6 +438,12 @@ class ClusterResult:
     hardware: str = DEFAULT_HARDWARE
     prefill_flops_saved: int = 0
     evicted_blocks: int = 0
+    global_index: bool = False
+    peer_hit_tokens: int = 0
+    pages_pulled: int = 0
+    peer_transfer_seconds: float = 0.0
+    index_us_per_request: float = 0.0
+    index_pages: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -446,6 +473,10 @@ class Cluster:
         load_back: as :class:`~radixkv.tiers.TieredCache` (default ``"always"``).
         balance: cache-aware routing considers only instances whose load (prefill tokens
             computed) is at most ``(1 + balance)`` x the least loaded one's plus this request.
+        global_index: keep a cluster-wide index of every instance's HBM pages
+            (:class:`~radixkv.global_index.GlobalPageIndex`): an admission whose pages past its own
+            hit another instance holds pulls them from that peer (:attr:`last_pull`) instead of
+            computing them, as a hit charged a network transfer.
     """
 
     def __init__(self, num_instances: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
@@ -453,7 +484,7 @@ class Cluster:
                  lend_cap: float = 0.5, low_watermark: float = 0.05, candidates: int = 2,
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
                  load_back: str = "always", balance: float = 0.1, lending: str = "free",
-                 lend_margin: float = 2.0) -> None:
+                 lend_margin: float = 2.0, global_index: bool = False) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -492,6 +523,18 @@ class Cluster:
             self.manager.heartbeat(i)
         self._next = 0
         self.page_size = page_size
+        self.index: Optional[GlobalPageIndex] = None
+        """The cluster-wide page index (``global_index=True``), else ``None``."""
+        if global_index:
+            self.index = GlobalPageIndex(page_size)
+            for inst in self.instances:
+                self.index.join(inst.cache)
+        self.last_pull = Pull(0, None)
+        """What the last :meth:`admit` pulled from a peer."""
+        self.pulled_pages = 0
+        """Pages pulled from peers since the cluster was made."""
+        self.index_seconds = 0.0
+        """Wall time spent keying requests and looking them up in the index."""
 
     # ------------------------------------------------------------------ routing
     def route(self, tokens, namespace: Optional[str] = None) -> int:
@@ -543,12 +586,46 @@ class Cluster:
                 m.recall(i, short, below=m.coldest(i) if m.by_value else None)
         if on_routed is not None:
             on_routed(i)
-        admission = cache.admit(tokens, namespace=namespace)
+        index = self.index
+        if index is None:
+            admission = cache.admit(tokens, namespace=namespace)
+            self.last_pull = Pull(0, None)
+        else:
+            start = time.perf_counter()
+            keys = index.request_keys(tokens, namespace)
+            index.expect(i, keys)  # the pages i stores now are this request's: no hashing again
+            self.index_seconds += time.perf_counter() - start
+            try:
+                admission = cache.admit(tokens, namespace=namespace)
+            finally:
+                index.expect(i, None)
+            self.last_pull = self._pull(i, admission, tokens, namespace, keys)
         m.clock = max(m.clock, cache.clock)
         inst.requests += 1
         inst.prefill_tokens += len(tokens) - admission.hit_tokens
         self.manager.heartbeat(i)
         return i, admission
+
+    def _pull(self, i: int, admission: Admission, tokens: np.ndarray, namespace: Optional[str],
+              keys: List[int]) -> "Pull":
+        """After instance ``i`` admitted a request: the pages past its hit that other instances hold
+        come from the first of them that holds them all, into the head of the admission's new
+        blocks (their payload copied when the caches keep one), instead of being computed."""
+        start = time.perf_counter()
+        hit = admission.hit_tokens // self.page_size
+        end, source = self.index.longest(keys, hit, exclude=i)
+        pages = min(end - hit, admission.num_new_pages)
+        if pages > 0:  # only pages whose KV is written: none an unreleased admission still computes
+            peer = self.instances[source].cache
+            pages = min(pages, peer.settled_pages(tokens[: end * self.page_size], namespace=namespace) - hit)
+        self.index_seconds += time.perf_counter() - start
+        if pages <= 0:
+            return Pull(0, None)
+        if peer.payload is not None:
+            held = peer.cached_blocks(tokens[: end * self.page_size], namespace=namespace)
+            self.instances[i].cache.write(admission.new_blocks[:pages], peer.read(held[hit : hit + pages]))
+        self.pulled_pages += pages
+        return Pull(pages, source)
 
     def replay(self, requests: Iterable[Request], *,
                on_request: Optional[Callable[[Request, int], None]] = None,
@@ -572,6 +649,8 @@ class Cluster:
         a list once.
         """
         start = time.perf_counter()
+        pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
+        self._peer_seconds = 0.0
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
             self._prepare(requests)
@@ -593,6 +672,9 @@ class Cluster:
         for inst in self.instances:
             for k, v in inst.cache.hit_tokens_by_tier.items():
                 by_tier[k] = by_tier.get(k, 0) + v
+        pulled = self.pulled_pages - pulled0
+        if self.index is not None:
+            by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
             for k, v in inst.cache.transfers.bytes_by_link.items():
                 links[k] = links.get(k, 0) + v
         m = self.manager
@@ -610,7 +692,10 @@ class Cluster:
             manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
             wall_seconds=time.perf_counter() - start, miss_tokens_by_reason=misses, model=stats[0].model.name,
             hardware=stats[0].hardware.name, prefill_flops_saved=sum(st.prefill_flops_saved for st in stats),
-            evicted_blocks=sum(st.evicted_blocks for st in stats))
+            evicted_blocks=sum(st.evicted_blocks for st in stats), global_index=self.index is not None,
+            peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
+            index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
+            index_pages=len(self.index) if self.index is not None else 0)
 
     def _replay(self, requests: Iterable[Request], stats: List[ReplayStats], on_request, on_record,
                 miss_reasons: bool) -> Tuple[int, float, float]:
@@ -618,7 +703,7 @@ class Cluster:
         lower = tuple(self.instances[0].cache.cost_model.tier_paths)
         seconds0 = self.manager.seconds
         count = 0
-        borrowed_seconds = 0.0
+        borrowed_seconds = peer_seconds = 0.0
         other = [0]
 
         def routed(i: int) -> None:  # just before instance i admits the request: its other namespaces' pages
@@ -636,15 +721,22 @@ class Cluster:
                 n = loaded.get("borrowed", 0)
                 if n:
                     borrowed_seconds += st.costs.transfer_seconds("borrowed", n * st.costs.page_bytes)
-            record = st.add(request, a.hit_tokens, a.cached_pages, cache.declined_blocks - counters[i][1],
+            hit = a.hit_tokens
+            pulled = self.last_pull.pages
+            if pulled:  # pages copied from a peer: hits, each charged its share of one network transfer
+                hit += pulled * self.page_size
+                loaded = {**(loaded or {}), "peer": pulled}
+                peer_seconds += st.costs.transfer_seconds("peer", pulled * st.costs.page_bytes)
+            record = st.add(request, hit, a.cached_pages, cache.declined_blocks - counters[i][1],
                             cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
                             want_record=on_record is not None,
                             cached_through=a.hit_tokens // self.page_size + a.num_new_pages)
             if on_request is not None:
-                on_request(request, a.hit_tokens)
+                on_request(request, hit)
             if record is not None:
                 on_record(dataclasses.replace(record, index=count), i)
             count += 1
+        self._peer_seconds = peer_seconds
         return count, borrowed_seconds, seconds0
 
     def crash(self, index: int) -> int:
@@ -688,7 +780,10 @@ class Cluster:
 
     def check(self) -> None:
         """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (write-back: it asserts no stranded
-        copy, borrowed ones included) and the ledger. O(n)."""
+        copy, borrowed ones included), the ledger, and the cluster-wide index (it must equal the union
+        of the instances' HBM pages). O(n)."""
         for inst in self.instances:
             inst.cache.check()
         self.manager.check()
+        if self.index is not None:
+            self.index.check()

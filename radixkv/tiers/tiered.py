@@ -57,7 +57,7 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 LOAD_BACK = ("cost", "always", "never")
 
 #: Tier paths of the default cost model: costs' defaults plus ``borrowed`` (a peer's HBM, one network hop).
-TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",)}
+TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",), "peer": ("network",)}
 
 
 def default_cost_model(page_size: int) -> CostModel:

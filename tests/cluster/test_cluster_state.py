@@ -1,12 +1,14 @@
-"""The cluster ledger as a state machine: requests, borrowing, recalls and creditor failures.
+"""The cluster ledger as a state machine: requests, borrowing, recalls and creditor failures,
+with and without the cluster-wide page index (pages pulled from peers).
 
 Creditors fail two ways: they stop answering (refuse every loan) and come back, or crash
 (lose their memory and restart empty).
 
 After every step: every instance's ``check()`` and the ledger's (``Cluster.check``, which
-includes no stranded copy), the ledger equals the blocks each creditor holds for others,
+includes no stranded copy and, with the index, that it equals the union of every instance's
+HBM pages), the ledger equals the blocks each creditor holds for others,
 and every page anywhere (HBM, borrowed memory, host) holds the bytes written for its prefix.
-Every hit is verified byte for byte when it is served.
+Every hit, and every page pulled from a peer, is verified byte for byte when it is served.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import zlib
 
 import numpy as np
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -55,10 +57,11 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @initialize(routing=st.sampled_from(ROUTING), host_blocks=st.sampled_from([0, 0, 0, 4]),
                 num_blocks=st.sampled_from([3, 4, 6]), lend_cap=st.sampled_from([0.5, 0.5, 1.0]),
-                low_watermark=st.sampled_from([0.0, 0.2]))
-    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark):
+                low_watermark=st.sampled_from([0.0, 0.2]), global_index=st.booleans())
+    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark, global_index):
         self.cluster = Cluster(3, num_blocks, PS, routing=routing, borrowing=True, host_blocks=host_blocks,
-                               lend_cap=lend_cap, low_watermark=low_watermark, kv_shape=KV, dtype="float32")
+                               lend_cap=lend_cap, low_watermark=low_watermark, kv_shape=KV, dtype="float32",
+                               global_index=global_index)
         self.open = []  # (instance, admission) not released yet
         self.written = set()  # (namespace, prefix) of every page whose KV was written
 
@@ -81,7 +84,17 @@ class ClusterMachine(RuleBasedStateMachine):
         i, admission = cluster.admit(tokens, namespace=namespace)
         self._verify_hit(i, namespace, tokens, admission)
         start = admission.hit_tokens // PS
-        new = admission.new_blocks
+        pulled = cluster.last_pull.pages
+        if pulled:  # copied from a peer through the index: written pages, with their own bytes
+            event("pulled from a peer")
+            assert cluster.index is not None and cluster.last_pull.source != i
+            got = cluster.instances[i].cache.read(admission.new_blocks[:pulled])
+            for p in range(pulled):
+                assert (namespace, tuple(tokens[: (start + p + 1) * PS])) in self.written, "pulled an unwritten page"
+                np.testing.assert_array_equal(got[p], page_value(namespace, tokens, start + p),
+                                              err_msg=f"pulled page {start + p} of {tokens}: wrong bytes")
+            start += pulled
+        new = admission.new_blocks[pulled:]
         if len(new):
             cluster.instances[i].cache.write(
                 new, np.stack([page_value(namespace, tokens, start + j) for j in range(len(new))]))
