@@ -32,7 +32,12 @@ Conventions shared by all generators:
   :attr:`Request.output_length`;
 * ``zipf_alpha`` weights item ``i`` (0-based) by ``1 / (i+1)**alpha``; 0 is uniform;
 * ``request_rate`` is requests per second of a Poisson arrival process;
-* ``vocab_size`` bounds the ids, which fall in ``[0, vocab_size)``.
+* ``vocab_size`` bounds the ids, which fall in ``[0, vocab_size)``;
+* counts and sizes are bounded (:mod:`radixkv.workload.limits`): a count of prompts, documents,
+  sessions... at most ``MAX_ITEMS`` (tenants ``MAX_TENANTS``), a ``*_tokens`` mean and a whole
+  prompt's mean length at most ``MAX_PROMPT_TOKENS``, the tokens a generator keeps (shared
+  prompts, documents, open sessions) at most ``MAX_RESIDENT_TOKENS``. A value past one raises
+  at the call, naming the parameters, before anything is made.
 
 With default parameters 1000 requests of any kind total at most about
 two million tokens and generate in well under a second.
@@ -54,7 +59,10 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..keys import TOKEN_DTYPE, check_int
+from .limits import (ARRAY_TOKENS, MAX_ITEMS, MAX_PAGE_SIZE, MAX_PROMPT_TOKENS, MAX_REQUESTS, MAX_RESIDENT_TOKENS,
+                     MAX_TENANTS, check_at_most, spell)
 from .tokenizer import DEFAULT_VOCAB_SIZE
+from .tracefiles import replacing
 from .traces import Request
 
 GeneratorFn = Callable[..., Iterator[Request]]
@@ -87,7 +95,42 @@ def _vocab(value: object) -> int:
 
 
 def _common(seed: object, num_requests: object) -> tuple[int, int]:
-    return check_int(seed, "seed", minimum=0), check_int(num_requests, "num_requests", minimum=0)
+    return check_int(seed, "seed", minimum=0), _count(num_requests, "num_requests", 0, MAX_REQUESTS)
+
+
+def _count(value: object, name: str, minimum: int = 1, maximum: int = MAX_ITEMS) -> int:
+    """A count parameter: an int in ``[minimum, maximum]`` (:data:`~radixkv.workload.limits.MAX_ITEMS`
+    unless given), else a typed error naming ``name``. O(1)."""
+    return check_at_most(check_int(value, name, minimum=minimum), name, maximum)
+
+
+def _mean(value: object, name: str, minimum: int = 0) -> int:
+    """A ``*_tokens`` mean length: :func:`_count` up to :data:`~radixkv.workload.limits.MAX_PROMPT_TOKENS`."""
+    return _count(value, name, minimum, MAX_PROMPT_TOKENS)
+
+
+def _fits(kind: str, prompt: int, prompt_terms: str, kept: int, kept_terms: str) -> None:
+    """Refuse parameters whose mean prompt (``prompt`` tokens, the sum ``prompt_terms``) or whose
+    tokens kept at once (``kept``, the sum ``kept_terms``; each array counts
+    :data:`~radixkv.workload.limits.ARRAY_TOKENS` more) pass the bounds. O(1), before anything is made."""
+    if prompt > MAX_PROMPT_TOKENS:
+        raise ArgumentValueError(f"{kind}: {prompt_terms} come to {prompt:,} tokens a prompt on average; a prompt "
+                                 f"may have at most {spell(MAX_PROMPT_TOKENS)}")
+    if kept > MAX_RESIDENT_TOKENS:
+        raise ArgumentValueError(f"{kind}: {kept_terms} come to {kept:,} tokens kept in memory; a generator keeps "
+                                 f"at most {spell(MAX_RESIDENT_TOKENS)}")
+
+
+def _fits_sessions(kind: str, num_requests: int, sessions: int, system: int, first: int, step: int, output: int,
+                   max_steps: int, names: tuple[str, str, str, str, str, str]) -> None:
+    """:func:`_fits` for :func:`_sessions`: the last step's prompt (capped by the steps
+    ``num_requests`` allows), kept by every open session. ``names``: the caller's names of
+    (sessions, system, first, step, output, max_steps)."""
+    n_sessions, n_system, n_first, n_step, n_output, n_max = names
+    steps = min(max_steps, max(num_requests, 1))
+    prompt = system + first + (steps - 1) * (output + step)
+    terms = f"{n_system} + {n_first} + ({n_max} - 1) x ({n_output} + {n_step})"
+    _fits(kind, prompt, terms, sessions * (prompt + 3 * ARRAY_TOKENS), f"{n_sessions} x ({terms})")
 
 
 # ------------------------------------------------------------------- drawing
@@ -192,15 +235,19 @@ def system_prompt(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_prompts = check_int(num_prompts, "num_prompts", minimum=1)
-    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
-    num_shots = check_int(num_shots, "num_shots", minimum=0)
-    shot_tokens = check_int(shot_tokens, "shot_tokens", minimum=0)
-    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
-    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    num_prompts = _count(num_prompts, "num_prompts")
+    system_tokens = _mean(system_tokens, "system_tokens")
+    num_shots = _count(num_shots, "num_shots", minimum=0)
+    shot_tokens = _mean(shot_tokens, "shot_tokens")
+    question_tokens = _mean(question_tokens, "question_tokens", minimum=1)
+    output_tokens = _mean(output_tokens, "output_tokens")
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
+    _fits("system_prompt", system_tokens + num_shots * shot_tokens + question_tokens,
+          "system_tokens + num_shots x shot_tokens + question_tokens",
+          num_prompts * (system_tokens + ARRAY_TOKENS + num_shots * (shot_tokens + ARRAY_TOKENS)),
+          "num_prompts x (system_tokens + num_shots x shot_tokens)")
 
     def run() -> Iterator[Request]:
         rng = np.random.default_rng(seed)
@@ -296,14 +343,17 @@ def multi_turn(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_sessions = check_int(num_sessions, "num_sessions", minimum=1)
-    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
-    message_tokens = check_int(message_tokens, "message_tokens", minimum=1)
-    answer_tokens = check_int(answer_tokens, "answer_tokens", minimum=0)
+    num_sessions = _count(num_sessions, "num_sessions")
+    system_tokens = _mean(system_tokens, "system_tokens")
+    message_tokens = _mean(message_tokens, "message_tokens", minimum=1)
+    answer_tokens = _mean(answer_tokens, "answer_tokens")
     mean_turns = _real("mean_turns", mean_turns, 1.0)
-    max_turns = check_int(max_turns, "max_turns", minimum=1)
+    max_turns = _count(max_turns, "max_turns")
     think_time = _real("think_time", think_time, 0.0)
     vocab_size = _vocab(vocab_size)
+    _fits_sessions("multi_turn", num_requests, num_sessions, system_tokens, message_tokens, message_tokens,
+                   answer_tokens, max_turns, ("num_sessions", "system_tokens", "message_tokens", "message_tokens",
+                                              "answer_tokens", "max_turns"))
 
     return _sessions(seed, num_requests, num_sessions=num_sessions, system_tokens=system_tokens,
                      first_tokens=message_tokens, step_tokens=message_tokens, output_tokens=answer_tokens,
@@ -338,17 +388,21 @@ def rag(
     Cost: O(total tokens); documents are made on first retrieval.
     """
     seed, num_requests = _common(seed, num_requests)
-    num_docs = check_int(num_docs, "num_docs", minimum=1)
-    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
-    docs_per_request = check_int(docs_per_request, "docs_per_request", minimum=0)
+    num_docs = _count(num_docs, "num_docs")
+    doc_tokens = _mean(doc_tokens, "doc_tokens", minimum=1)
+    docs_per_request = _count(docs_per_request, "docs_per_request", minimum=0)
     if docs_per_request > num_docs:
         raise ArgumentValueError(f"docs_per_request must be <= num_docs ({num_docs}), got {docs_per_request!r}")
-    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
-    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
-    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    system_tokens = _mean(system_tokens, "system_tokens")
+    question_tokens = _mean(question_tokens, "question_tokens", minimum=1)
+    output_tokens = _mean(output_tokens, "output_tokens")
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
+    _fits("rag", system_tokens + docs_per_request * doc_tokens + question_tokens,
+          "system_tokens + docs_per_request x doc_tokens + question_tokens",
+          system_tokens + min(num_docs, num_requests * docs_per_request) * (doc_tokens + ARRAY_TOKENS),
+          "num_docs x doc_tokens (the documents num_requests x docs_per_request retrieve)")
 
     def run() -> Iterator[Request]:
         rng = np.random.default_rng(seed)
@@ -391,15 +445,18 @@ def agent(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_agents = check_int(num_agents, "num_agents", minimum=1)
-    system_tokens = check_int(system_tokens, "system_tokens", minimum=0)
-    task_tokens = check_int(task_tokens, "task_tokens", minimum=1)
-    action_tokens = check_int(action_tokens, "action_tokens", minimum=0)
-    tool_tokens = check_int(tool_tokens, "tool_tokens", minimum=0)
+    num_agents = _count(num_agents, "num_agents")
+    system_tokens = _mean(system_tokens, "system_tokens")
+    task_tokens = _mean(task_tokens, "task_tokens", minimum=1)
+    action_tokens = _mean(action_tokens, "action_tokens")
+    tool_tokens = _mean(tool_tokens, "tool_tokens")
     mean_steps = _real("mean_steps", mean_steps, 1.0)
-    max_steps = check_int(max_steps, "max_steps", minimum=1)
+    max_steps = _count(max_steps, "max_steps")
     step_time = _real("step_time", step_time, 0.0)
     vocab_size = _vocab(vocab_size)
+    _fits_sessions("agent", num_requests, num_agents, system_tokens, task_tokens, tool_tokens, action_tokens,
+                   max_steps, ("num_agents", "system_tokens", "task_tokens", "tool_tokens", "action_tokens",
+                               "max_steps"))
 
     return _sessions(seed, num_requests, num_sessions=num_agents, system_tokens=system_tokens,
                      first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
@@ -429,13 +486,16 @@ def long_doc_qa(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    num_docs = check_int(num_docs, "num_docs", minimum=1)
-    doc_tokens = check_int(doc_tokens, "doc_tokens", minimum=1)
-    question_tokens = check_int(question_tokens, "question_tokens", minimum=1)
-    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    num_docs = _count(num_docs, "num_docs")
+    doc_tokens = _mean(doc_tokens, "doc_tokens", minimum=1)
+    question_tokens = _mean(question_tokens, "question_tokens", minimum=1)
+    output_tokens = _mean(output_tokens, "output_tokens")
     zipf_alpha = _real("zipf_alpha", zipf_alpha, 0.0)
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
+    _fits("long_doc_qa", doc_tokens + question_tokens, "doc_tokens + question_tokens",
+          min(num_docs, num_requests) * (doc_tokens + ARRAY_TOKENS),
+          "num_docs x doc_tokens (the documents num_requests ask about)")
 
     def run() -> Iterator[Request]:
         rng = np.random.default_rng(seed)
@@ -467,8 +527,8 @@ def scan(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    prompt_tokens = check_int(prompt_tokens, "prompt_tokens", minimum=1)
-    output_tokens = check_int(output_tokens, "output_tokens", minimum=0)
+    prompt_tokens = _mean(prompt_tokens, "prompt_tokens", minimum=1)
+    output_tokens = _mean(output_tokens, "output_tokens")
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
 
@@ -605,14 +665,15 @@ def multitenant(
     Cost: O(total tokens).
     """
     seed, num_requests = _common(seed, num_requests)
-    counts = {name: check_int(value, name, minimum=1) for name, value in (
-        ("num_tenants", num_tenants), ("num_prompts", num_prompts), ("num_docs", num_docs),
-        ("private_docs", private_docs), ("probe_every", probe_every), ("probe_pages", probe_pages),
-        ("page_size", page_size), ("question_tokens", question_tokens))}
+    counts = {name: _count(value, name, maximum=maximum) for name, value, maximum in (
+        ("num_tenants", num_tenants, MAX_TENANTS), ("num_prompts", num_prompts, MAX_ITEMS),
+        ("num_docs", num_docs, MAX_ITEMS), ("private_docs", private_docs, MAX_ITEMS),
+        ("probe_every", probe_every, MAX_ITEMS), ("probe_pages", probe_pages, MAX_ITEMS),
+        ("page_size", page_size, MAX_PAGE_SIZE), ("question_tokens", question_tokens, MAX_PROMPT_TOKENS))}
     for name, value in (("system_tokens", system_tokens), ("doc_tokens", doc_tokens),
-                        ("private_tokens", private_tokens), ("output_tokens", output_tokens),
-                        ("extend_pages", extend_pages)):
-        check_int(value, name, minimum=0)
+                        ("private_tokens", private_tokens), ("output_tokens", output_tokens)):
+        _mean(value, name)
+    _count(extend_pages, "extend_pages", minimum=0)
     shares = [_real(name, value, 0.0) for name, value in (
         ("private_share", private_share), ("doc_share", doc_share), ("probe_start", probe_start))]
     if shares[0] + shares[1] > 1 or shares[2] > 1:
@@ -622,6 +683,16 @@ def multitenant(
     request_rate = _real("request_rate", request_rate, 0.0, above=True)
     vocab_size = _vocab(vocab_size)
     page = counts["page_size"]
+    owned = counts["num_tenants"] * counts["private_docs"]
+    candidate = system_tokens + private_tokens + ARRAY_TOKENS  # a private prefix, or a decoy, as one array
+    rounds = min(extend_pages, (system_tokens + private_tokens) // page)
+    _fits("multitenant", system_tokens + max(doc_tokens, private_tokens) + question_tokens,
+          "system_tokens + max(doc_tokens, private_tokens) + question_tokens",
+          counts["num_prompts"] * (system_tokens + ARRAY_TOKENS)
+          + 2 * counts["num_docs"] * (system_tokens + doc_tokens + ARRAY_TOKENS)
+          + owned * (private_tokens + ARRAY_TOKENS) + 2 * owned * (1 + rounds) * candidate,
+          "num_prompts x system_tokens + num_docs x doc_tokens + num_tenants x private_docs x "
+          "(system_tokens + private_tokens) x (1 + extend_pages) (the attacker's dictionary)")
 
     def probes(public: list, private: list, rng: np.random.Generator) -> list:
         """The attacker's schedule: one list of probes per candidate, the candidates shuffled."""
@@ -720,13 +791,14 @@ def write_token_jsonl(requests: Iterable[Request], path_or_file: Union[str, os.P
 
     ``timestamp``, ``namespace`` and ``tenant`` are omitted when ``None``,
     which is how the token-JSONL loader reads an absent field. Accepts a path
-    (created or truncated, UTF-8) or an open text file (left open). Returns
-    the number of lines written.
+    (UTF-8; replaced only once every request is written, so a generator that
+    raises midway leaves the file as it was: :func:`~radixkv.workload.tracefiles.replacing`)
+    or an open text file (left open). Returns the number of lines written.
 
     Cost: O(total tokens); streams, one request in memory at a time.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
-        with open(path_or_file, "w", encoding="utf-8", newline="\n") as f:
+        with replacing(path_or_file) as f:
             return _write_lines(requests, f)
     if not callable(getattr(path_or_file, "write", None)):
         raise ArgumentTypeError(f"path_or_file must be a path or a text file, got {path_or_file!r}")

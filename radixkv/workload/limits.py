@@ -1,14 +1,16 @@
 """Upper bounds on the sizes and counts the ``radixkv`` commands and the workload generators take.
 
 Why: a size is a promise of memory. A page size draws one 8-byte key multiplier per token up
-front, a cluster keeps an instances x instances ledger, a demo holds its whole workload:
-unchecked, a mistyped ``2**40`` or ``10**20`` ran until a MemoryError traceback or the OOM
-killer. Each bound below is generous for real use (what real traces and deployments
-use is noted) and keeps what the value allocates well inside a 24 GiB machine. A value past a
-bound is an :class:`~radixkv.errors.ArgumentValueError` naming the parameter (the CLI: one line
-naming the flag, exit 2), raised before anything is allocated or written.
+front, a cluster keeps an instances x instances ledger, a demo holds its whole workload, a
+generator keeps its documents and open sessions: unchecked, a mistyped ``2**40`` or ``10**20``
+ran until a MemoryError traceback or the OOM killer. Each bound below is generous for real use
+(what real traces and deployments use is noted) and keeps what the value allocates well inside
+a 24 GiB machine. A value past a bound is an :class:`~radixkv.errors.ArgumentValueError` naming
+the parameter (the CLI: one line naming the flag, exit 2), raised before anything is allocated
+or written.
 
-The bounds live here, in one place, for the CLI (:mod:`radixkv.cli`) and the library alike.
+The bounds live here, in one place, for the CLI (:mod:`radixkv.cli`) and the generators
+(:mod:`radixkv.workload.generators`, :mod:`radixkv.workload.sharegpt`) alike.
 """
 
 from __future__ import annotations
@@ -55,6 +57,27 @@ peaks near 16 bytes a token (the tokens, its page index, a cache of every page),
 MAX_TENANTS = 2**16
 """Tenants of a generated workload, and ``k`` of k-anonymity (a count of tenants): the sharing
 rules keep state for at most this many tenants (``radixkv.tenancy.DEFAULT_MAX_TENANTS``)."""
+
+MAX_ITEMS = 2**20
+"""Things a generator makes and keeps, counted one parameter at a time: prompts, documents,
+sessions, agents, shots, turns, probe pages, conversations open at once. Each is a numpy array
+(~100 bytes of header) or a Zipf weight (16 bytes); their products are bounded by
+:data:`MAX_RESIDENT_TOKENS`."""
+
+MAX_PROMPT_TOKENS = 2**24
+"""Mean length of one generated prompt (the sum of its ``*_tokens`` parts; for sessions, after
+the last turn), and so of each ``*_tokens`` parameter. A draw is at most 1.5x the mean, and a
+prompt is written as JSON through a Python list (~50 bytes a token): 1.2 GiB at the bound.
+Real contexts reach 10**6-10**7 tokens."""
+
+MAX_RESIDENT_TOKENS = 2**30
+"""Tokens a generator keeps at once (shared prompts, corpus documents, open sessions, the
+attacker's dictionary), each array counted as :data:`ARRAY_TOKENS` more: 4 GiB of uint32 ids
+(6 GiB at the longest draws)."""
+
+ARRAY_TOKENS = 32
+"""A numpy array's own size (~112 bytes of header and object) in 4-byte tokens, so a million
+empty segments count against :data:`MAX_RESIDENT_TOKENS` too."""
 
 
 def spell(bound: int) -> str:

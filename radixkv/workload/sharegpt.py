@@ -52,6 +52,7 @@ import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError, TraceFormatError
 from ..keys import TOKEN_DTYPE, check_int
+from .limits import MAX_ITEMS, check_at_most
 from .tokenizer import tokenize
 from .tracefiles import open_binary, read_all
 from .traces import Request, brief, json_lines
@@ -107,7 +108,8 @@ def load_sharegpt(
         tokenizer: ``text -> token ids`` (any iterable of ints in
             ``[0, 2**32)``, e.g. a Hugging Face ``tokenizer.encode``); default
             the built-in :func:`radixkv.workload.tokenizer.tokenize`.
-        num_sessions: conversations open at once, served round-robin.
+        num_sessions: conversations open at once, served round-robin (at most
+            :data:`~radixkv.workload.limits.MAX_ITEMS`).
         request_rate: requests per second of the synthetic timestamps.
         on_skip: when given, a malformed conversation (or JSONL line) is passed
             to it and left out instead of raised. A JSON list whose syntax
@@ -126,7 +128,7 @@ def load_sharegpt(
     Cost: O(total tokens of all prompts), which is quadratic in the turns of
     one conversation since each prompt repeats the history.
     """
-    num_sessions = check_int(num_sessions, "num_sessions", minimum=1)
+    num_sessions = check_at_most(check_int(num_sessions, "num_sessions", minimum=1), "num_sessions", MAX_ITEMS)
     if isinstance(request_rate, bool) or not isinstance(request_rate, Real):
         raise ArgumentTypeError(f"request_rate must be a number, got {request_rate!r}")
     if not (request_rate > 0 and math.isfinite(request_rate)):

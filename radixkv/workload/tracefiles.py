@@ -8,17 +8,23 @@ is copied once to a temporary file (removed at exit), so a trace from a pipe
 can be read twice (format detection, Belady's look-ahead, a progress total)
 and by sweep workers. Every error is a :class:`~radixkv.errors.TraceFormatError`
 (``file:line: ...``) or an ``OSError`` naming the file.
+
+A trace radixkv writes goes through :func:`replacing`: a run that fails leaves the file it
+would have replaced as it was.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gzip
 import os
 import shutil
+import stat
 import sys
 import tempfile
-from typing import BinaryIO, Iterator
+import uuid
+from typing import IO, BinaryIO, Iterator, Union
 
 from ..errors import TraceFormatError
 
@@ -98,3 +104,33 @@ def read_lines(path: str) -> Iterator[bytes]:
 def read_all(path: str) -> bytes:
     """All (decompressed) bytes of ``path``."""
     return b"".join(read_lines(path))
+
+
+@contextlib.contextmanager
+def replacing(path: Union[str, os.PathLike]) -> Iterator[IO[str]]:
+    """A text file (UTF-8, ``\\n`` line ends) whose contents replace ``path`` when the block ends
+    normally, and never otherwise.
+
+    It is a new file beside ``path`` (same directory, so :func:`os.replace` swaps it in at once),
+    with ``path``'s permissions when ``path`` exists; on any exception, an interrupt included, it
+    is removed and ``path`` is left as it was. A ``path`` that exists and is no regular file
+    (``/dev/null``, a FIFO) is written in place; a symlink's target is what gets replaced.
+    Cost: one create and one rename more than ``open(path, "w")``; nothing is held in memory.
+    """
+    target = os.path.realpath(os.fspath(path))
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(target, "w", encoding="utf-8", newline="\n") as sink:
+            yield sink
+        return
+    directory, name = os.path.split(target)
+    temp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as sink:
+            if os.path.exists(target):
+                os.chmod(temp, stat.S_IMODE(os.stat(target).st_mode))
+            yield sink
+        os.replace(temp, target)
+    except BaseException:
+        _remove(temp)
+        raise
