@@ -25,6 +25,7 @@ from .keys import check_int
 from .analysis.output import OUTPUT_FORMATS, pick_columns, render, to_json
 from .analysis.replay import ReplayResult, replay
 from .workload.sources import TRACE_FORMATS, open_trace
+from .workload.tracefiles import replacing
 from .workload.traces import Request
 from .analysis.stats import MISS_REASONS
 from .workload.limits import (MAX_CAPACITY_BLOCKS, MAX_CLUSTER_BLOCKS, MAX_HELD_REQUESTS, MAX_HELD_TOKENS,
@@ -251,16 +252,17 @@ def records_option(fn: Callable) -> Callable:
     """``--records FILE``: one JSON line per request."""
     return click.option("--records", type=click.Path(dir_okay=False, writable=True), default=None,
                         help="Write one JSON record per request (hits, misses by reason, evictions) to this "
-                             "file.")(fn)
+                             "file; it is replaced only when the run succeeds.")(fn)
 
 
 @contextlib.contextmanager
 def records_writer(path: Optional[str]):
-    """``write(record, **extra)`` appending one JSON line per request to ``path``, or ``None`` without one."""
+    """``write(record, **extra)`` appending one JSON line per request to ``path``, or ``None`` without one.
+    ``path`` is replaced only when the run ends without an error (:func:`~radixkv.workload.tracefiles.replacing`)."""
     if not path:
         yield None
         return
-    with open(path, "w", encoding="utf-8") as sink:
+    with replacing(path) as sink:
         yield lambda record, **extra: sink.write(to_json({**record.as_dict(), **extra}) + "\n")
 
 
@@ -533,7 +535,8 @@ def named(option: str, parse: Callable, text: str):
 
 
 def write_jsonl(rows: list, path: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    """``rows`` as JSON lines replacing ``path`` (:func:`~radixkv.workload.tracefiles.replacing`). O(rows)."""
+    with replacing(path) as f:
         for row in rows:
             f.write(to_json(row) + "\n")
 

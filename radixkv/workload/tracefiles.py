@@ -9,8 +9,8 @@ can be read twice (format detection, Belady's look-ahead, a progress total)
 and by sweep workers. Every error is a :class:`~radixkv.errors.TraceFormatError`
 (``file:line: ...``) or an ``OSError`` naming the file.
 
-A trace radixkv writes goes through :func:`replacing`: a run that fails leaves the file it
-would have replaced as it was.
+Files radixkv writes (generated traces, per-request records, sweep results) go through
+:func:`replacing`: a run that fails leaves the file it would have replaced as it was.
 """
 
 from __future__ import annotations
