@@ -802,6 +802,9 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="Share of its blocks a creditor keeps free.")
 @click.option("--lending", default="free", show_default=True, type=click.Choice(["free", "value"]),
               help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
+@click.option("--global-index/--no-global-index", default=False, show_default=True,
+              help="Index every instance's HBM pages cluster-wide: a request pulls the pages past its own hit "
+                   "from the peer that holds them (hits charged a network transfer).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @page_size_option
 @output_options
@@ -813,7 +816,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
-                lend_cap, low_watermark, lending, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
+                lend_cap, low_watermark, lending, global_index, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
                 skip_bad, quiet, records, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
 
@@ -831,7 +834,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         raise ArgumentValueError(f"--instances {instances} x {num_blocks:,} blocks each is {instances * num_blocks:,} "
                                  f"HBM blocks; a cluster may have at most {spell(MAX_CLUSTER_BLOCKS)} in all")
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
-                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending)
+                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
+                      global_index=global_index)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
         result = cluster.replay(reader, on_request=lambda r, h: bar.update(), miss_reasons=miss_reasons,
@@ -843,6 +847,11 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if out_fmt == "table" and not columns:
         click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
+        if global_index:
+            click.echo(f"pulled from peers: {result.peer_hit_tokens:,} tokens ({result.pages_pulled:,} pages), "
+                       f"{result.peer_transfer_seconds:,.1f} s of transfer\n"
+                       f"cluster-wide index: {result.index_pages:,} pages, {result.index_us_per_request:,.0f} us "
+                       f"a request")
         show_savings(out, out_fmt)
     if reader.skipped and out_fmt != "json":
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)

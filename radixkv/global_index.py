@@ -18,12 +18,13 @@ as Mooncake's global KV pool, SGLang HiCache's L3 and the Dynamo and llm-d index
 Cost: one dict update per page stored or removed; a request's keys once (a few numpy calls);
 :meth:`longest` one dict lookup per page it passes. Memory: one dict entry per distinct page
 cached anywhere (about 100 bytes: the int key, the int mask, the slot) plus 8 bytes per block of
-each instance (its block -> key list). Two different prefixes share a key with probability about
+each instance (its block -> key array and held mask). Two different prefixes share a key with probability about
 ``2**-64`` per pair; :meth:`check` recounts the index from the instances' trees.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,21 +36,23 @@ from .tree import namespace_of
 
 __all__ = ["GlobalPageIndex"]
 
-_NONE = -1  # a block holding no indexed page
-
-
 class _Residency:
-    """One instance's side of the index: a page observer of its cache (see the module doc)."""
+    """One instance's side of the index: a page observer of its cache (see the module doc).
+
+    ``block -> key`` is a numpy array beside a ``held`` mask, so a node's pages are recorded and
+    forgotten in a few C-speed calls; only the shared dict is touched page by page.
+    """
 
     def __init__(self, index: "GlobalPageIndex", bit: int, num_blocks: int) -> None:
         self._index = index
         self._bit = bit
-        self._block_key: List[int] = [_NONE] * num_blocks
-        self._expected: Optional[Sequence[int]] = None
+        self._block_key = np.zeros(num_blocks, dtype=np.uint64)
+        self._held = np.zeros(num_blocks, dtype=bool)
+        self._expected: Optional[np.ndarray] = None
         self.pages = 0
         """Pages of this instance in the index now."""
 
-    def expect(self, keys: Optional[Sequence[int]]) -> None:
+    def expect(self, keys: Optional[np.ndarray]) -> None:
         """Until the next call, pages stored are pages of the request with these (salted) keys:
         :meth:`stored` takes their keys instead of hashing the pages again. ``None`` ends it."""
         self._expected = keys
@@ -62,38 +65,38 @@ class _Residency:
             keys = expected[leaf.start:end]
         else:
             keys = self._index.node_keys(leaf, self._parent_key(leaf))
+        blocks = extents.to_array(leaf.parts)
+        self._block_key[blocks] = keys
+        self._held[blocks] = True
         holders, bit = self._index._holders, self._bit
-        for key in keys:
-            holders[key] = holders.get(key, 0) | bit
-        block_key = self._block_key
-        for block, key in zip(extents.id_list(leaf.parts), keys):
-            block_key[block] = key
-        self.pages += len(keys)
+        ints = keys.tolist()
+        get = holders.get
+        holders.update(zip(ints, [get(k, 0) | bit for k in ints]))
+        self.pages += len(ints)
 
     def _parent_key(self, leaf) -> Optional[int]:
         parent = leaf.parent
-        return self._block_key[parent.last_block] if parent.parent is not None else None
+        return int(self._block_key[parent.last_block]) if parent.parent is not None else None
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` leave HBM (the cache calls this before they go). O(len(blocks))."""
-        holders, block_key, mask = self._index._holders, self._block_key, ~self._bit
-        for block in blocks.tolist():
-            key = block_key[block]
-            if key == _NONE:
-                continue
-            block_key[block] = _NONE
-            self.pages -= 1
-            left = holders[key] & mask
-            if left:
-                holders[key] = left
-            else:
-                del holders[key]
+        held = self._held[blocks]
+        if not held.all():
+            blocks = blocks[held]
+        ints = self._block_key[blocks].tolist()
+        self._held[blocks] = False
+        self.pages -= len(ints)
+        holders, mask = self._index._holders, ~self._bit
+        left = [holders[k] & mask for k in ints]
+        if any(left):
+            holders.update((k, m) for k, m in zip(ints, left) if m)
+            deque(map(holders.__delitem__, [k for k, m in zip(ints, left) if not m]), maxlen=0)
+        else:
+            deque(map(holders.__delitem__, ints), maxlen=0)
 
     def cleared(self) -> None:
         """Every page left HBM (a reset, a crash). O(blocks)."""
-        held = np.flatnonzero(np.fromiter((k != _NONE for k in self._block_key), dtype=bool,
-                                          count=len(self._block_key)))
-        self.removed(held.astype(np.int32))
+        self.removed(np.flatnonzero(self._held).astype(np.int32))
 
 
 class GlobalPageIndex:
@@ -135,20 +138,20 @@ class GlobalPageIndex:
         self._holders.clear()
 
     # ------------------------------------------------------------------ keys
-    def request_keys(self, tokens, namespace: Optional[str] = None) -> List[int]:
-        """The keys of every full page of ``tokens`` in ``namespace`` (ints). O(tokens) numpy."""
+    def request_keys(self, tokens, namespace: Optional[str] = None) -> np.ndarray:
+        """The keys of every full page of ``tokens`` in ``namespace`` (``uint64``). O(tokens) numpy."""
         arr = as_tokens(tokens)
-        return self.keys.keys(arr, len(arr) // self.page_size, namespace).tolist()
+        return self.keys.keys(arr, len(arr) // self.page_size, namespace)
 
-    def node_keys(self, node, parent_key: Optional[int]) -> List[int]:
-        """The keys of ``node``'s pages, chained on its parent's last page key (``None``: it starts
-        its namespace). O(pages) numpy."""
+    def node_keys(self, node, parent_key: Optional[int]) -> np.ndarray:
+        """The keys of ``node``'s pages (``uint64``), chained on its parent's last page key (``None``:
+        it starts its namespace). O(pages) numpy."""
         salt = self.keys.salt(namespace_of(node))
         free = np.uint64(0) if parent_key is None else np.uint64(parent_key) ^ salt
         tokens = np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=node.num_pages * self.page_size)
-        return (self.keys.extend(tokens, node.start, node.num_pages, free) ^ salt).tolist()
+        return self.keys.extend(tokens, node.start, node.num_pages, free) ^ salt
 
-    def expect(self, instance: int, keys: Optional[Sequence[int]]) -> None:
+    def expect(self, instance: int, keys: Optional[np.ndarray]) -> None:
         """The pages ``instance`` stores until the next call are the request's with ``keys``
         (it then hashes nothing again); ``None`` ends it. O(1)."""
         self._members[instance][1].expect(keys)
@@ -158,7 +161,7 @@ class GlobalPageIndex:
         """Bitmask of the instances holding the page with ``key`` in HBM (0: none). O(1)."""
         return self._holders.get(key, 0)
 
-    def longest(self, keys: Sequence[int], start: int, exclude: int) -> Tuple[int, Optional[int]]:
+    def longest(self, keys: np.ndarray, start: int, exclude: int) -> Tuple[int, Optional[int]]:
         """``(pages, source)``: how many leading pages of the request with ``keys`` other instances than
         ``exclude`` hold, counting on from page ``start`` (the pages the serving instance has),
         and the lowest-numbered instance that holds them all (``None`` when no page past
@@ -168,7 +171,7 @@ class GlobalPageIndex:
         others = ~(1 << exclude)
         mask = 0
         d = start
-        for key in keys[start:]:
+        for key in keys[start:].tolist():
             held = holders.get(key, 0) & others
             if d > start:
                 held &= mask  # prefix-closed: a holder of page d held every page before it
@@ -202,15 +205,15 @@ class GlobalPageIndex:
             count = 0
             for node in cache.nodes():  # parents before children
                 parent = node.parent
-                keys = self.node_keys(node, last.get(parent) if parent.parent is not None else None)
+                keys = self.node_keys(node, last.get(parent) if parent.parent is not None else None).tolist()
                 if keys:
                     last[node] = keys[-1]
                 for block, key in zip(extents.id_list(node.parts), keys):
-                    assert member._block_key[block] == key, (
+                    assert member._held[block] and int(member._block_key[block]) == key, (
                         f"instance {number}: block {block} indexed as {member._block_key[block]}, holds page {key}")
                     expected[key] = expected.get(key, 0) | (1 << number)
                     count += 1
             assert member.pages == count, f"instance {number}: {member.pages} pages indexed, {count} cached"
-            assert sum(k != _NONE for k in member._block_key) == count, f"instance {number}: stale block keys"
+            assert int(member._held.sum()) == count, f"instance {number}: stale block keys"
         assert self._holders == expected, (
             f"index of {len(self._holders)} pages differs from the instances' {len(expected)}")

@@ -99,3 +99,16 @@ def test_other_namespace_misses_are_taken_on_the_serving_instance(trace):
     result = Cluster(1, 400, PS).replay(requests, miss_reasons=True)
     assert expected.miss_tokens_by_reason["other_namespace"] > 0
     assert result.miss_tokens_by_reason == expected.miss_tokens_by_reason
+
+
+def test_global_index_pulls_pages_between_instances(trace):
+    base = ["cluster", trace, "--instances", 3, "--num-blocks", 400, "--quiet"]
+    plain = json.loads(ok(*base, "--json"))
+    indexed = json.loads(ok(*base, "--global-index", "--json"))
+    assert not plain["global_index"] and plain["pages_pulled"] == 0
+    assert indexed["global_index"] and indexed["pages_pulled"] > 0
+    assert indexed["hit_tokens_by_tier"]["peer"] == indexed["peer_hit_tokens"] == indexed["pages_pulled"] * PS
+    assert indexed["token_hit_rate"] > plain["token_hit_rate"] and indexed["peer_transfer_seconds"] > 0
+    table = ok(*base, "--global-index")
+    assert "pulled from peers:" in table and "cluster-wide index:" in table
+    assert max(len(line) for line in table.splitlines()) <= 100
