@@ -27,7 +27,7 @@ LAYERS = [
     {"adapters"},
     {"workload"},
     {"analysis"},
-    {"cluster"},
+    {"cluster", "global_index"},
     {"api", "cli", "__main__", "__init__"},
     {"testing"},
 ]
