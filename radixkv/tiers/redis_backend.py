@@ -24,16 +24,9 @@ import re
 import uuid
 from typing import List, Optional, Sequence
 
+from ..store.redisio import client_from_url, load_redis, transport_errors
 from .base import RemoteHostError, TierConfigError
 from .remote import HostDown
-
-
-def _redis():
-    try:
-        import redis
-    except ImportError:  # pragma: no cover - exercised only without the extra
-        raise TierConfigError("the Redis backend needs redis-py: pip install 'radixkv[redis]'") from None
-    return redis
 
 
 class RedisBackend:
@@ -61,8 +54,8 @@ class RedisBackend:
             raise TierConfigError(f"urls must be a non-empty list of Redis URLs, got {urls!r}")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise TierConfigError(f"namespace must be a non-empty string, got {namespace!r}")
-        redis = _redis()
-        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+        redis = load_redis(TierConfigError)
+        self._errors = transport_errors(redis)
         self._refused = redis.exceptions.ResponseError
         self.urls = urls
         self.num_hosts = len(urls)
@@ -70,7 +63,7 @@ class RedisBackend:
         self._clients = []
         for url in urls:
             try:
-                client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+                client = client_from_url(url, timeout)
                 client.ping()
             except (ValueError, *self._errors) as exc:
                 for c in self._clients:
