@@ -8,7 +8,7 @@ Layout (little-endian, :data:`HEADER_BYTES` = 77)::
          5    16  fingerprint digest (Fingerprint.digest(): what the bytes mean)
         21    32  the page's chain hash (its key without the prefix)
         53     8  payload length in bytes (u64)
-        61    16  blake2b-16 digest of the payload
+        61    16  SHA-256 of the payload, its first 16 bytes
         77     n  payload
 
 A value is served only if every field checks: the magic and version, the
@@ -17,6 +17,13 @@ under (a value copied or written under another key is refused), the length
 (a truncated or padded value is refused) and the digest (flipped bits are
 refused). The digest catches corruption, not forgery: a writer with access to
 the store can write a well-formed wrong page.
+
+The digest is SHA-256 rather than blake2b because it is hashed over every
+page on every read and write, and OpenSSL's SHA-256 runs on the SHA
+instructions of current x86 and Arm server CPUs: 1.6 GiB/s against
+blake2b's 0.6 GiB/s on the AMD EPYC this was measured on (a 2 MiB page: 1.2
+ms against 3.3 ms). Without those instructions blake2b is the faster one (not
+measured here).
 """
 
 from __future__ import annotations
@@ -35,6 +42,10 @@ DIGEST_BYTES = 16
 _HEADER = struct.Struct("<4sB16s32sQ16s")
 HEADER_BYTES = _HEADER.size
 """77: the bytes each value carries on top of its payload."""
+
+
+def _digest(payload: memoryview) -> bytes:
+    return hashlib.sha256(payload).digest()[:DIGEST_BYTES]
 
 
 def as_payload(value: object, index: int) -> memoryview:
@@ -57,8 +68,8 @@ def as_payload(value: object, index: int) -> memoryview:
 
 
 def encode(fingerprint_digest: bytes, chain_hash: bytes, payload: memoryview) -> bytes:
-    """The stored value of one page: header + payload. Cost: one blake2b pass and one copy of the payload."""
-    digest = hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+    """The stored value of one page: header + payload. Cost: one SHA-256 pass and one copy of the payload."""
+    digest = _digest(payload)
     return _HEADER.pack(MAGIC, VERSION, fingerprint_digest, chain_hash, payload.nbytes, digest) + payload
 
 
@@ -66,7 +77,7 @@ def decode(value: bytes, fingerprint_digest: bytes, chain_hash: bytes) -> Tuple[
     """``(payload, "")`` if ``value`` is a valid page of this fingerprint stored under ``chain_hash``, else
     ``(None, reason)``.
 
-    The payload is a view into ``value`` (no copy). Cost: one blake2b pass over the payload.
+    The payload is a view into ``value`` (no copy). Cost: one SHA-256 pass over the payload.
     """
     if len(value) < HEADER_BYTES:
         return None, "truncated header"
@@ -82,7 +93,7 @@ def decode(value: bytes, fingerprint_digest: bytes, chain_hash: bytes) -> Tuple[
     if length != len(value) - HEADER_BYTES:
         return None, "length mismatch"
     payload = memoryview(value)[HEADER_BYTES:]
-    if hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest() != digest:
+    if _digest(payload) != digest:
         return None, "digest mismatch"
     return payload, ""
 

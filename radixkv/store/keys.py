@@ -84,7 +84,8 @@ class Fingerprint:
             raise ArgumentTypeError(f"fingerprint kv_shape must be a non-empty tuple of ints, got {shape!r}")
         shape = tuple(check_int(d, "fingerprint kv_shape entry", minimum=1, bound="> 0") for d in shape)
         object.__setattr__(self, "kv_shape", shape)
-        object.__setattr__(self, "page_size", check_int(self.page_size, "fingerprint page_size", minimum=1, bound="> 0"))
+        page_size = check_int(self.page_size, "fingerprint page_size", minimum=1, bound="> 0")
+        object.__setattr__(self, "page_size", page_size)
         object.__setattr__(self, "tp_rank", check_int(self.tp_rank, "fingerprint tp_rank"))
 
     def digest(self) -> bytes:

@@ -109,7 +109,8 @@ class _Server:
             pipe = self._client.pipeline(transaction=False)
             for k in keys:
                 pipe.exists(k)
-            return [bool(v) if not isinstance(v, Exception) else v for v in pipe.execute(raise_on_error=False)], trips + 1
+            replies = pipe.execute(raise_on_error=False)
+            return [v if isinstance(v, Exception) else bool(v) for v in replies], trips + 1
         return self._run(len(keys), leading)
 
     def _leading(self, keys: Sequence[bytes]) -> Tuple[Optional[int], int]:

@@ -125,7 +125,7 @@ class PageStore:
         The payloads are read-only views into the fetched values
         (``bytes(view)`` copies one; ``numpy.frombuffer`` reads it in place).
         Cost: one round trip fetching every page of ``chain[start:]``, one
-        blake2b pass over each served payload. A backend failure serves nothing.
+        SHA-256 pass over each served payload. A backend failure serves nothing.
         """
         keys, start = self.keys.check(chain, start)
         keys = keys[start:]
@@ -157,7 +157,7 @@ class PageStore:
         First writer wins: a page some engine stored first is kept (equal keys
         mean equal tokens, so equal KV up to numerics). A payload is bytes or
         any C-contiguous buffer (a numpy array). Cost: one round trip (a
-        cluster: one per node), one blake2b pass and one copy of each payload.
+        cluster: one per node), one SHA-256 pass and one copy of each payload.
         A backend failure stores nothing and answers 0.
         """
         keys, start = self.keys.check(chain, start)

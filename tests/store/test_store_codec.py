@@ -24,7 +24,7 @@ def test_the_layout_is_the_documented_one():
     assert codec.HEADER_BYTES == 77 and len(v) == 77 + len(PAYLOAD)
     assert v[:4] == b"RKVP" and v[4] == 1 and v[5:21] == FP_A and v[21:53] == H1
     assert struct.unpack("<Q", v[53:61])[0] == len(PAYLOAD)
-    assert v[61:77] == hashlib.blake2b(PAYLOAD, digest_size=16).digest() and v[77:] == PAYLOAD
+    assert v[61:77] == hashlib.sha256(PAYLOAD).digest()[:16] and v[77:] == PAYLOAD
     payload, why = codec.decode(v, FP_A, H1)
     assert bytes(payload) == PAYLOAD and why == "" and payload.readonly
     assert bytes(codec.decode(value(b""), FP_A, H1)[0]) == b""

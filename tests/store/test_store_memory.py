@@ -90,7 +90,7 @@ def test_a_bad_value_is_an_integrity_miss_and_is_deleted(memory_url):
     backend: MemoryBackend = store.backend
     backend._data[chain[2]] = backend._data[chain[2]][:-1] + b"!"
     got, n = store.get(chain)
-    assert n == 2 and store.stats()["integrity_misses"] == 1 and store.last_integrity_miss == "digest mismatch"
+    assert n == 2 and [bytes(p) for p in got] == pages(2) and store.stats()["integrity_misses"] == 1 and store.last_integrity_miss == "digest mismatch"
     assert chain[2] not in backend.keys() and store.lookup(chain) == 2
     assert store.stats()["round_trips"] == 4  # put, get, the delete, lookup
 
