@@ -32,8 +32,9 @@ from .events.page_hashes import PageHashIndex
 from . import extents
 from .extents import Parts
 from .pool import BLOCK_DTYPE, CACHED, FREE, HELD, STATE_NAMES, BlockPool
-from .tree import Node, RadixTree, Root
+from .tree import Node, RadixTree, Root, namespace_of
 from . import tenancy as _tenancy
+from .copies import CopyIndex
 from . import victims as _victims
 from .victims import make_queue, rank_key
 
@@ -116,32 +117,23 @@ class Admission:
 
     Attributes:
         hit_tokens: tokens served from the cache (a multiple of ``page_size``).
-        blocks: block ids of every page of the request now cached, matched ones first
-            (under a sharing rule, the pages served as a miss have their private blocks here).
+        blocks: block ids of every page of the request now cached, matched ones first.
         new_blocks: the blocks allocated for this request (the tail of ``blocks``); the
             caller writes their KV before :meth:`release` (a tiered cache copies them below
-            HBM at the release, never earlier). Private blocks of pages served as a miss come
-            first and go back to the pool when the admission ends (see :meth:`PrefixCache.admit`).
-        private_pages: how many of ``new_blocks`` are private (0 without a sharing rule that
-            filters): under one, every page after the served prefix is computed in a private
-            block, and :meth:`release` caches the pages still missing from the cache then in
-            theirs, so nothing of the request is cached before its KV is written.
-        cached_pages: the pages this admission put in the cache: its new pages from the start
-            without a filtering sharing rule; under one, 0 until :meth:`release`, then the
-            private pages the release cached (fewer when another request cached some first).
-        node: handle of the deepest page served to the request (its cached prefix without a
-            filtering sharing rule).
+            HBM at the release, never earlier).
+        copied_pages: how many of the hit pages were copied from another tenant's partition
+            (under a sharing rule that shares by copy, :mod:`radixkv.tenancy`; else 0).
+        node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "node", "private_pages", "cached_pages", "_path", "_new", "_blocks", "_new_blocks",
+    __slots__ = ("hit_tokens", "node", "copied_pages", "_path", "_new", "_blocks", "_new_blocks",
                  "_finish", "_released", "_aborted")
 
     def __init__(self, hit_tokens: int, path: List[Parts], new: Parts, node: NodeHandle,
                  finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None,
-                 private_pages: int = 0) -> None:
+                 copied_pages: int = 0) -> None:
         self.hit_tokens = hit_tokens
-        self.private_pages = private_pages
-        self.cached_pages = 0 if private_pages else extents.size(new)
+        self.copied_pages = copied_pages
         # The block ids as extents (the matched nodes' root first, then the new pages'): the
         # arrays are made on first use, so a caller that reads neither pays no per-block work.
         self._path = path
@@ -191,9 +183,7 @@ class Admission:
         nothing. O(depth)."""
         if not self._released:
             self._released = True
-            cached = self._finish(False)
-            if cached is not None:  # under a filtering sharing rule: what the release cached
-                self.cached_pages = cached
+            self._finish(False)
 
     def abort(self) -> None:
         """End the admission without its KV: uncache its new pages, keep the matched ones.
@@ -284,8 +274,8 @@ class PrefixCache:
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
         self._sharing = _tenancy.create(sharing)
-        # consulted on the hit path only by rules that may refuse a page
-        self._tenancy = self._sharing if self._sharing.filters else None
+        # consulted on the hit path only by rules that share pages between tenants by copy
+        self._copying = self._sharing if self._sharing.copies else None
         _check_sink(on_free)
         if lower is not None and not isinstance(lower, LowerLayer):
             raise ArgumentTypeError(f"lower must be a LowerLayer, got {lower!r}")
@@ -298,6 +288,8 @@ class PrefixCache:
         self.page_size = page_size
         self._pool = BlockPool(num_blocks, page_size, kv_shape, dtype)
         self._tree = RadixTree(page_size)
+        # where a tenant's copy of another tenant's page can come from (rules that share by copy)
+        self._copies: Optional[CopyIndex] = CopyIndex(num_blocks, page_size) if self._copying is not None else None
         self._victims = make_queue(self._policy)
         self._clock = 0
         self._cached = 0
@@ -306,6 +298,9 @@ class PrefixCache:
         """Blocks evicted since creation (monotonic)."""
         self.declined_blocks = 0
         """New pages the policy declined to cache (admission control; monotonic)."""
+        self.copied_blocks = 0
+        """Pages copied from another tenant's partition (a sharing rule that shares by copy; monotonic)."""
+        self._copied = 0  # pages the last descent copied
         self._pins: dict = {}  # pinned node -> pin count; each pin holds one lock on the path
         self._locks: dict = {}  # node -> locks taken by lock() and not yet undone by unlock()
         self._admitted: dict = {}  # node -> unreleased admissions holding it; each holds one lock
@@ -411,44 +406,49 @@ class PrefixCache:
         exactly the matched pages. Cost: O(depth in nodes + matched tokens) at
         C speed for the comparisons.
 
-        With a ``tenant``, the prefix is the part the sharing rule serves it
-        (see :meth:`admit`). A match is a probe: unlike a released admission
-        it does not count the tenant among the pages' requesters (whose
-        pages a match of an uncached prefix would not have cached either).
+        With a ``tenant``, the prefix is what the sharing rule serves it (see
+        :meth:`admit`), copies of other tenants' pages included. A match is a
+        probe: unlike a released admission it does not count the tenant among
+        the pages' askers.
         """
         data, num_pages = self._pages(tokens)
         key = self._partition(namespace, tenant)
         root = self._tree.find_root(key)
         self._clock += 1
-        if root is None:  # nothing cached in it: no root is made for a lookup
-            root = self._tree.empty_root(key)
-            return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
-        if self._tenancy is not None:
-            node = self._served_prefix(root, data, num_pages, tenant)[0]
-        else:
-            node, _ = self._descend(root, data, num_pages)
+        if root is None:  # nothing cached in it: no root is made for a lookup, unless it may copy into it
+            if self._copying is None:
+                root = self._tree.empty_root(key)
+                return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
+            root = self._tree.root(key)
+        node, _ = self._descend(root, data, num_pages, tenant=tenant, namespace=namespace)
+        if root.children is None:  # copied nothing either
+            self._drop_root_if_unused(root)
         blocks = extents.to_array(extents.join(self._touch_path(node, self._clock)))
         return MatchResult(len(blocks) * self.page_size, blocks, NodeHandle(node, node.gen))
 
     # ------------------------------------------------------------------ inspection (read-only)
-    def cached_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+    def cached_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+                     tenant: Optional[str] = None) -> int:
         """Leading whole pages of ``tokens`` cached in HBM under ``namespace``, touching nothing.
 
         Unlike :meth:`match` it marks no use, advances no clock and splits no
-        node, so asking does not change what is evicted next. Tenant-blind: it
-        counts pages whatever the sharing rule serves whom, so it must not face
-        a tenant. O(depth in nodes + matched tokens) at C speed.
+        node, so asking does not change what is evicted next. ``tenant`` names
+        the partition to look in under a rule that keeps one per tenant
+        (``isolated``, ``k-anonymous``, ``adaptive``); this and the other
+        inspection calls are an operator's view, so they must not face a tenant
+        (nor serve one: no copy is made). O(depth in nodes + matched tokens) at C speed.
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root = self._existing_root(namespace, tenant)
         return 0 if root is None else self.prefix_pages(root, data, num_pages)
 
-    def cached_blocks(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> np.ndarray:
+    def cached_blocks(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+                      tenant: Optional[str] = None) -> np.ndarray:
         """The blocks of :meth:`cached_pages`' pages, in order (a new ``int32`` array), touching
         nothing: for a peer that copies them out (:class:`radixkv.cluster.Cluster`'s pulls).
         Tenant-blind, as :meth:`cached_pages`. O(depth + matched pages)."""
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root = self._existing_root(namespace, tenant)
         if root is None:
             return _NO_BLOCKS.copy()
         node, _, child, common = self._tree.walk(root, data, num_pages)
@@ -457,15 +457,18 @@ class PrefixCache:
             parts += extents.cut(child.parts, common)[0]
         return extents.to_array(parts)
 
-    def settled_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+    def settled_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+                      tenant: Optional[str] = None) -> int:
         """Leading pages of ``tokens`` cached in HBM whose KV is written, touching nothing: the pages
         before the first new page of an admission not released yet, for a peer to copy. Tenant-blind,
         as :meth:`cached_pages`. O(depth + matched pages).
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
-        if root is None:
-            return 0
+        root = self._existing_root(namespace, tenant)
+        return 0 if root is None else self._settled(root, data, num_pages)
+
+    def _settled(self, root: Root, data: bytes, num_pages: int) -> int:
+        """:meth:`settled_pages` of the key bytes ``data`` under ``root``. O(depth + matched pages)."""
         node, pos, child, common = self._tree.walk(root, data, num_pages)
         unwritten = self._unwritten_nodes
         if not unwritten:
@@ -479,7 +482,8 @@ class PrefixCache:
             n = n.parent
         return pos
 
-    def locate(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> Tuple[Optional[Root], bytes, int]:
+    def locate(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+               tenant: Optional[str] = None) -> Tuple[Optional[Root], bytes, int]:
         """``(root, key, num_pages)``: the registered root of ``namespace`` (``None`` when it holds
         nothing), the key bytes of ``tokens``'s whole pages and their count; changes nothing.
 
@@ -488,7 +492,7 @@ class PrefixCache:
         :meth:`match`. O(tokens).
         """
         data, num_pages = self._pages(tokens)
-        return self._existing_root(namespace), data, num_pages
+        return self._existing_root(namespace, tenant), data, num_pages
 
     def prefix_pages(self, root: Root, key: bytes, num_pages: int) -> int:
         """Leading pages of ``key`` (at most ``num_pages``) cached in HBM under ``root``, touching nothing.
@@ -560,7 +564,8 @@ class PrefixCache:
         if self._lower is not None:
             self._lower.close()
 
-    def peek_match(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> MatchResult:
+    def peek_match(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+                   tenant: Optional[str] = None) -> MatchResult:
         """The part of :meth:`match` that needs no split, touching nothing: a handle of the deepest
         cached node that ``tokens`` cover whole, and the blocks from the root through it.
 
@@ -571,9 +576,9 @@ class PrefixCache:
         not face a tenant. O(depth + matched pages).
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root = self._existing_root(namespace, tenant)
         if root is None:
-            root = self._tree.empty_root(namespace)
+            root = self._tree.empty_root(self._partition(namespace, tenant))
             return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
         node, pos, _, _ = self._tree.walk(root, data, num_pages)
         return MatchResult(pos * self.page_size, self._tree.path_blocks(node), NodeHandle(node, node.gen))
@@ -648,7 +653,8 @@ class PrefixCache:
             del self._locks[node]
         self._unlock_node(node)
 
-    def pin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+    def pin(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+            tenant: Optional[str] = None) -> int:
         """Keep the longest cached page prefix of ``tokens`` resident until :meth:`unpin`.
 
         A pin is a lock that needs no handle and outlives requests; pins nest.
@@ -663,9 +669,10 @@ class PrefixCache:
         use: no hit, recompute or selective write-through count changes, and
         lower-tier ranks are not touched.
 
-        Tenant-blind, as :meth:`unpin`: it pins (and loads back) pages whatever
-        the sharing rule serves whom, so it is the operator's (pinning a system
-        prompt), never a tenant's request.
+        Tenant-blind, as :meth:`unpin`: ``tenant`` names a partition (see
+        :meth:`cached_pages`); it pins (and loads back) pages whatever the
+        sharing rule serves whom and copies nothing, so it is the operator's
+        (pinning a system prompt), never a tenant's request.
 
         >>> cache = PrefixCache(num_blocks=4, page_size=2)
         >>> cache.admit([7, 7, 8, 8]).release()
@@ -675,7 +682,7 @@ class PrefixCache:
         (0, 4, 2)
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root = self._existing_root(namespace, tenant)
         if root is None:
             return 0
         node, pos = self._descend(root, data, num_pages, use=False)
@@ -685,14 +692,15 @@ class PrefixCache:
         self._pins[node] = self._pins.get(node, 0) + 1
         return pos * self.page_size
 
-    def unpin(self, tokens: TokensLike, *, namespace: Optional[str] = None) -> int:
+    def unpin(self, tokens: TokensLike, *, namespace: Optional[str] = None,
+              tenant: Optional[str] = None) -> int:
         """Release one pin, the deepest on ``tokens``'s cached path; return the tokens it covered.
 
         Raises :class:`LockError` (cache unchanged) when no pin covers a
         prefix of ``tokens``. Tenant-blind, as :meth:`pin`. O(depth).
         """
         data, num_pages = self._pages(tokens)
-        root = self._existing_root(namespace)
+        root = self._existing_root(namespace, tenant)
         node = None
         if root is not None and self._pins:
             node = self._tree.walk(root, data, num_pages)[0]
@@ -747,7 +755,8 @@ class PrefixCache:
                 self._sink(self._pool.take(self._pool.num_free - free))
 
     def insert(self, tokens: TokensLike, blocks: Union[Sequence[int], np.ndarray], *,
-               namespace: Optional[str] = None, tenant: Optional[str] = None) -> int:
+               namespace: Optional[str] = None,
+                    tenant: Optional[str] = None) -> int:
         """Cache ``tokens``'s full pages in ``blocks`` (one id per full page); return pages already present.
 
         ``blocks`` covers all full pages, matched ones included (as SGLang
@@ -759,8 +768,9 @@ class PrefixCache:
         order, then the declined blocks (the tail of ``blocks``).
 
         ``tenant`` computed the KV (after a :meth:`match` with the same tenant):
-        under a sharing rule it counts as a requester of every page inserted or
-        already present, as a released admission does (see :meth:`admit`).
+        the pages go to its partition, and under a sharing rule that shares by
+        copy it counts as an asker of every page, as a released admission does
+        (see :meth:`admit`).
         """
         key = self._partition(namespace, tenant)
         data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, key)
@@ -770,8 +780,7 @@ class PrefixCache:
             root = node = self._tree.root(key)
         if child is not None:
             node = self._split(child, common)
-        if self._tenancy is None:  # under a sharing rule the match touched what it served, and only that
-            self._touch_path(node, now)
+        self._touch_path(node, now)
         keep = self._admit_pages(node, data, present, len(new), now)
         try:
             leaf = self._add_pages(node, data, present, new[:keep].copy(), now)
@@ -779,9 +788,8 @@ class PrefixCache:
             if root.children is None:
                 self._drop_root_if_unused(root)
             raise
-        if self._tenancy is not None:
-            path = self._tree.path_blocks(leaf if leaf is not None else node)
-            self._tenancy.commit(tenant, self._tenancy.serve(tenant, path[:present])[1], path[present:])
+        if self._copying is not None:
+            self._copying.asked(tenant, self._copies.request_keys(data, len(new) + present, namespace))
         if root.children is None:  # nothing cached (declined): the namespace stays unused
             self._drop_root_if_unused(root)
         if self._lower is not None and len(new):  # it reads the blocks: before they leave the cache
@@ -833,15 +841,14 @@ class PrefixCache:
         then falls back to class 0. Expiry is applied lazily, before the next
         eviction. O(depth) extra when ``priority > 0``.
 
-        ``tenant`` is who sends the request (see :mod:`radixkv.tenancy`); the
-        cache's ``sharing`` rule may serve it fewer matched pages than are
-        cached. The pages after ``hit_tokens`` that are cached all the same
-        are *served as a miss*: the request gets private blocks for them (the
-        head of :attr:`Admission.new_blocks`, before the newly cached pages),
-        which the caller computes into as into new pages and which go back to
-        the pool when the admission ends, released or aborted; the tree keeps
-        its one copy (the KV of a prefix is the same whoever computes it). The
-        rule costs one lookup per matched page; ``"shared"`` costs nothing.
+        ``tenant`` is who sends the request (see :mod:`radixkv.tenancy`): the
+        cache's ``sharing`` rule picks its partition, and under a rule that
+        shares by copy (``"k-anonymous"``, ``"adaptive"``) the pages after its
+        own partition's that another tenant holds in HBM are copied into its
+        partition as hits where the rule allows (:attr:`Admission.copied_pages`),
+        and a release counts it as an asker of every page. That rule costs the
+        request's page keys (a few numpy calls) and one dict lookup per page;
+        ``"shared"`` and ``"isolated"`` cost nothing.
 
         ``hints`` (a :class:`~radixkv.policies.RequestHints`: output length,
         timestamp, session fields) is handed, with the request's length in
@@ -860,9 +867,7 @@ class PrefixCache:
         now = self._clock
         if root is None:
             root = self._tree.root(key)
-        if self._tenancy is not None:
-            return self._admit_served(root, data, num_pages, tenant, priority, expires_at, now)
-        node, pos = self._descend(root, data, num_pages)
+        node, pos = self._descend(root, data, num_pages, tenant=tenant, namespace=namespace)
         if node.parent is None:  # a root (a lower tier's lookup may have let it go): registered while locked
             node = self._tree.adopt(node)
         path = self._touch_path(node, now)
@@ -905,103 +910,18 @@ class PrefixCache:
             new_blocks.flags.writeable = False
             record = self._lower.admitted(self._tree.find_root(key), data, pos, new_blocks)
         finish = partial(self._finish_admission, holder, pos, record)
-        return Admission(pos * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks)
+        if self._copying is not None:  # a release asks for every page of the request
+            finish = partial(self._finish_asking, tenant, data, num_pages, namespace, finish)
+        return Admission(pos * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks,
+                         self._copied)
 
-    def _served_prefix(self, root: Root, data: bytes, num_pages: int, tenant: Optional[str]) -> Tuple[Node, Any]:
-        """The node whose last page is the last one the sharing rule serves ``tenant`` of ``data``'s
-        cached prefix, and the rule's decision (handed to ``served`` already).
-
-        A refused page is invisible: the walk changes nothing, a split happens only where the
-        served prefix ends inside a node, and no page below HBM is looked at (a copy below keeps
-        no requesters, so the rule would refuse it; loading it would only act for a prober).
-        The lower layer counts the served pages as HBM hits. O(depth + matched pages).
-        """
-        node, pos, child, common = self._tree.walk(root, data, num_pages)
-        parts = self._tree.path_parts(node)
-        if common:
-            parts += extents.cut(child.parts, common)[0]
-        served, decision = self._tenancy.serve(tenant, extents.to_array(parts))
-        node = self._split(child, served - pos) if served > pos else self._cut(node, served)
-        self._tenancy.served(tenant, decision)
-        if self._lower is not None:
-            self._lower.hbm_hit(node, data, served)
-        return node, decision
-
-    def _admit_served(self, root: Root, data: bytes, num_pages: int, tenant: Optional[str], priority: int,
-                      expires_at: Optional[int], now: int) -> Admission:
-        """:meth:`admit` under a sharing rule that filters: the served prefix is the hit, every
-        other page of the request gets a private block, and the release caches those of them
-        still missing then (see :meth:`_cache_private`).
-
-        Nothing of a refused page is touched, loaded, split, locked or told to a hook: the request
-        acts only on what it is served and on its own blocks. An unreleased admission's pages
-        have no requester yet, so caching them at the release hides nothing another tenant could
-        have been served. Cost: one descent, the evictions the private blocks need.
-        """
-        node = self._served_prefix(root, data, num_pages, tenant)[0]
-        if node.parent is None:  # the root: registered while locked
-            node = self._tree.adopt(node)
-        path = self._touch_path(node, now)
-        self._lock_node(node)
-        served = node.end
-        keep = self._admit_pages(node, data, served, num_pages - served, now)
-        free = self._pool.num_free
-        fit = min(keep, free + self._cached - self._protected)
-        if fit > free:
-            try:
-                self._evict(fit - free)
-            except BaseException:  # a tier failed mid-eviction: the admission never happened
-                self._unlock_node(node)
-                raise
-        private = self._pool.take(fit)
-        if priority:
-            self._retain(node, priority, expires_at)
-        self._admitted[node] = self._admitted.get(node, 0) + 1
-        finish = partial(self._cache_private, root, node, data, private, tenant, now, priority, expires_at)
-        return Admission(served * self.page_size, path, (private,) if fit else extents.NONE,
-                         NodeHandle(node, node.gen), finish, None, fit)
-
-    def _cache_private(self, root: Root, holder: Node, data: bytes, private: np.ndarray, tenant: Optional[str],
-                       now: int, priority: int, expires_at: Optional[int], aborted: bool) -> int:
-        """End an admission of :meth:`_admit_served` whose served prefix ends at ``holder``.
-
-        A release caches the request's pages that are missing from the cache now, in their
-        private blocks (which hold the request's KV), as they would have been cached at the
-        admission had the tenant been alone, and records ``tenant`` as a requester of every
-        page of the request the cache holds; it returns how many pages it cached. An abort
-        caches and records nothing. The other private blocks go back to the pool, and the lock
-        on the served prefix goes, whatever a hook raises. O(depth + pages).
-        """
-        served = holder.end
-        cached_from = len(private)  # private[cached_from:] are in the tree
-        try:
-            if aborted or (self._detached and holder in self._detached):
-                return 0
-            total = served + len(private)
-            node, pos, child, common = self._tree.walk(root, data, total)
-            present = pos + common
-            leaf = None
-            if present < total:
-                if child is not None:  # the request continues below a page inside child: cut there
-                    node, child = self._split(child, common), None
-                leaf = self._add_pages(node, data, present, private[present - served:].copy(), now)
-                cached_from = present - served
-                if priority:
-                    self._retain(leaf, priority, expires_at, upto=node)
-                    self._rank(leaf)
-            parts = self._tree.path_parts(leaf if leaf is not None else node)
-            if child is not None:
-                parts += extents.cut(child.parts, common)[0]
-            blocks = extents.to_array(parts)
-            self._tenancy.commit(tenant, self._tenancy.serve(tenant, blocks[:present])[1], blocks[present:])
-            if leaf is not None and self._lower is not None:
-                self._lower.inserted(root, data, present, private[cached_from:])
-            return len(private) - cached_from
-        finally:
-            try:
-                self._release_admission(holder)
-            finally:
-                self._give_back(private[:cached_from])
+    def _finish_asking(self, tenant: Optional[str], data: bytes, num_pages: int, namespace: Optional[str],
+                       finish: Callable[[bool], None], aborted: bool) -> None:
+        """End an admission under a rule that shares by copy: ``finish`` it, and a release records
+        ``tenant`` as an asker of every page of the request (an abort asks for nothing)."""
+        finish(aborted)
+        if not aborted:
+            self._copying.asked(tenant, self._copies.request_keys(data, num_pages, namespace))
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1096,7 +1016,9 @@ class PrefixCache:
                 f"{node} has lock_ref {node.lock_ref}: {own} of its own (lock, pin, admission) + {below} below")
         if self._page_hashes is not None:
             self._page_hashes.check(self._tree.nodes())
-        self._sharing.check(blocks)
+        self._sharing.check()
+        if self._copies is not None:
+            self._copies.check((namespace_of(node), node) for node in self._tree.nodes())
         if self._lower is not None:
             self._lower.check()
 
@@ -1262,9 +1184,9 @@ class PrefixCache:
     def _observe(self) -> None:
         """Rebuild the observers told of pages entering and leaving: the hash index (through the
         event recorder when events are on, which updates it), the attached page index, the added
-        observers, then the sharing rule."""
+        observers, then the copy index of a sharing rule that shares by copy."""
         first = self._events if self._events is not None else self._page_hashes
-        self._observers = tuple(o for o in (first, self._page_index, *self._extra_observers, self._tenancy)
+        self._observers = tuple(o for o in (first, self._page_index, *self._extra_observers, self._copies)
                                 if o is not None)
 
     # ------------------------------------------------------------------ events
@@ -1277,31 +1199,89 @@ class PrefixCache:
         """KV events recorded since the last call, oldest first (see :mod:`radixkv.events`).
 
         Always empty for a cache created without ``enable_events``. Tenant-blind: the
-        events are every tenant's, and under a sharing rule that filters they show where a
-        request found its pages cached by another (its release stores nothing), so they are
-        the operator's and a router's, never a tenant's to read. O(1).
+        events are every tenant's (each partition's pages hashed with its own salt), so
+        they are the operator's and a router's, never a tenant's to read. O(1).
         """
         return self._events.take() if self._events is not None else []
 
     # ------------------------------------------------------------------ internals
-    def _existing_root(self, namespace: Optional[str]) -> Optional[Node]:
-        """The root of ``namespace`` if it exists; raises on a namespace that is not a str (or None)."""
-        check_namespace(namespace)
-        return self._tree.find_root(namespace)
+    def _existing_root(self, namespace: Optional[str], tenant: Optional[str] = None) -> Optional[Node]:
+        """The root of the partition of ``namespace`` (and ``tenant``, under a rule that partitions by
+        tenant) if it exists; raises on a namespace or tenant that is not a str (or None)."""
+        return self._tree.find_root(self._partition(namespace, tenant))
 
     def _pages(self, tokens: TokensLike):
         return page_key(tokens, self.page_size)
 
-    def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True):
-        """Walk to the deepest cached page of ``data`` (splitting there); ``use`` is False for a
-        pin, which a tier layer must not count as a hit."""
+    def _descend(self, root: Node, data: bytes, num_pages: int, use: bool = True, tenant: Optional[str] = None,
+                 namespace: Optional[str] = None):
+        """Walk to the deepest cached page of ``data`` (splitting there), loading the pages that
+        continue below HBM and then, under a rule that shares by copy, copying the pages that
+        continue in another tenant's partition; ``use`` is False for a pin, which a tier layer must
+        not count as a hit and which copies nothing."""
         node, pos, child, common = self._tree.walk(root, data, num_pages)
         if child is not None:
             node = self._split(child, common)
             pos += common
         if self._lower is not None:
-            return self._load_below(root, data, num_pages, node, pos, use)
+            node, pos = self._load_below(root, data, num_pages, node, pos, use)
+        self._copied = 0
+        # (a cache whose freed blocks go to a sink owns no free block to copy into: its caller allocates)
+        if self._copying is not None and use and pos < num_pages and self._on_free is None:
+            node, pos = self._copy_in(root, data, num_pages, node, pos, tenant, namespace)
         return node, pos
+
+    def _copy_in(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int, tenant: Optional[str],
+                 namespace: Optional[str]):
+        """Continue a match of ``tenant``'s partition that reached page ``pos`` (``node``) with copies
+        of the pages another partition holds under the same tokens, as far as the sharing rule
+        allows and their KV is written: into blocks the engine frees and takes itself, cached in
+        ``tenant``'s partition, as a load from a lower tier would. The source pages are read, not
+        touched, locked or split. O(pages looked up + pages copied)."""
+        copies = self._copies
+        keys = copies.request_keys(data, num_pages, namespace)
+        held, source = copies.holders(keys, pos, exclude=root.namespace)
+        if source is None:
+            return node, pos
+        end, decision = self._copying.serve_copies(tenant, keys, pos, held)
+        source_root = self._tree.find_root(source)
+        end = min(end, self._settled(source_root, data, end)) if end > pos else pos
+        if end <= pos:
+            return node, pos
+        self._lock_node(node)
+        try:
+            got = min(end - pos, self._pool.num_free + self._cached - self._protected)
+            if got <= 0:
+                return node, pos
+            payload = None
+            if self._pool.data is not None:  # read before room is made: the source's pages may go
+                walked, wpos, child, common = self._tree.walk(source_root, data, pos + got)
+                parts = self._tree.path_parts(walked)
+                if common:
+                    parts += extents.cut(child.parts, common)[0]
+                payload = self._pool.data[extents.to_array(parts)[pos : pos + got]]
+            free = self._pool.num_free
+            if got > free:
+                self._evict(got - free)
+            blocks = self._pool.take(got)
+            if payload is not None:
+                self._pool.data[blocks] = payload
+            copies.expect(keys)
+            try:
+                leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            except BaseException:  # a hook raised: the copied pages have nowhere to go
+                self._pool.give_back(blocks)
+                raise
+            finally:
+                copies.expect(None)
+            self._copying.served(tenant, decision)
+            self._copied = got
+            self.copied_blocks += got
+            if self._lower is not None:
+                self._lower.hbm_hit(leaf, data, got)
+            return leaf, pos + got
+        finally:
+            self._unlock_node(node)
 
     def _load_below(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int, use: bool):
         """Continue a match that reached HBM's page ``pos`` (``node``) below HBM: the lower layer

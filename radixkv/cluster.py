@@ -727,10 +727,9 @@ class Cluster:
                 hit += pulled * self.page_size
                 loaded = {**(loaded or {}), "peer": pulled}
                 peer_seconds += st.costs.transfer_seconds("peer", pulled * st.costs.page_bytes)
-            record = st.add(request, hit, a.cached_pages, cache.declined_blocks - counters[i][1],
+            record = st.add(request, hit, a.num_new_pages, cache.declined_blocks - counters[i][1],
                             cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
-                            want_record=on_record is not None,
-                            cached_through=a.hit_tokens // self.page_size + a.num_new_pages)
+                            want_record=on_record is not None)
             if on_request is not None:
                 on_request(request, hit)
             if record is not None:

@@ -61,9 +61,9 @@ class LowerLayer:
         """Called once, at the end of the engine's constructor: the cache this layer serves."""
 
     def hbm_hit(self, node: Node, key: bytes, pages: int) -> None:
-        """A request under a sharing rule that filters was served its first ``pages`` pages of
-        ``key`` from HBM, through ``node``; nothing below HBM is looked at for it (a copy below
-        keeps no requesters, so the rule would refuse it). A layer counts the hit. Default: nothing."""
+        """A request was served ``pages`` more pages of ``key`` from HBM, ending at ``node``, that no
+        :meth:`lookup` counted: copies of another tenant's pages (a sharing rule that shares by
+        copy). A layer counts the hit. Default: nothing."""
 
     def unbind(self, cache: "PrefixCache") -> None:
         """Undo :meth:`bind`: ``cache``'s construction was refused after it (a sharing rule that

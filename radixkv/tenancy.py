@@ -4,21 +4,18 @@ A prefix cache shared by tenants is a timing oracle: a hit is much faster than
 a miss, so a tenant who sends a guessed prompt learns whether another tenant
 sent it (PromptPeek, NDSS'25). A *tenant* is who sends a request (a user, an
 API key); it is not a *namespace*, which stays a hard partition (a LoRA
-adapter, a model variant) whatever the rule. The rules here decide, per
-request, how many leading cached pages the tenant is *served*; the pages
-after them are *served as a miss*: the caller recomputes them in private
-blocks (see :meth:`radixkv.cache.PrefixCache.admit`), the tree keeps its one
-copy.
+adapter, a model variant) whatever the rule.
 
 =============  ==============================================================
 name           rule
 =============  ==============================================================
 shared         every cached page is a hit (no defence; the default)
 isolated       one partition per tenant, as vLLM's ``cache_salt``
-k-anonymous    a page is a hit for X if X requested it before, or at least
-               ``k`` distinct other tenants did
-adaptive       shared, until a tenant has been served ``budget`` requests that
-               k-anonymous would have refused; k-anonymous for it from then on
+k-anonymous    a page is a hit for X if X's own copy is cached, or at least
+               ``k`` distinct other tenants requested it and one of them holds
+               it: X gets a copy
+adaptive       as k-anonymous, but a tenant's first ``budget`` requests that
+               k-anonymity would refuse a copy are served one all the same
 =============  ==============================================================
 
 Threat model, common to all: one attacker tenant that sends prompts of its
@@ -27,33 +24,34 @@ and from which tier (exactly: TTFT). What none of them hides: that the pool is
 shared (an attacker who fills HBM and times its own pages' eviction learns how
 busy others are, isolated included).
 
-Under a rule that filters (``k-anonymous``, ``adaptive``) a refused page is
-invisible to the request it is refused to: :meth:`~radixkv.cache.PrefixCache.match`
-and :meth:`~radixkv.cache.PrefixCache.admit` touch, split, lock, load and tell
-hooks and events about the served prefix only, and compute the rest in private
-blocks; the release caches the pages still missing then. Pages below HBM keep
-no requesters, so such a rule never serves (or loads) them.
+**How k-anonymous and adaptive keep it** (:attr:`Sharing.copies`). Every tenant
+keeps its pages in a partition of its own, as under ``isolated``: its own tree
+root, so its own eviction order, policy history, lower-tier copies and event
+hashes. Nothing is deduplicated between tenants, so what one tenant's requests
+do to the cache (touches, splits, locks, loads, evictions, hooks, events) never
+depends on what another's prompts contain. What is shared is compute: a request
+whose own partition ends before its prompt does gets a *copy* of the following
+pages from another tenant's partition, as a hit, when the rule allows it (for
+k-anonymous: at least ``k`` distinct other tenants asked for every one of
+them), the way a load from a lower tier would. The engine copies them into new
+blocks of the tenant's own partition (:meth:`radixkv.cache.PrefixCache.admit`),
+so later requests hit its own copy. Who asked for a page is kept per page
+identity (its namespace-salted 64-bit prefix key), for at most ``max_pages``
+pages, least recently asked forgotten first; forgetting only refuses more.
 
 Which entry points take a tenant: ``match``, ``admit`` and ``insert`` (and the
 adapters' faces that call them). These are tenant-blind and must not face a
 tenant (an operator's tools, or a router that sees every tenant's pages anyway):
-``cached_pages``, ``peek_match``, ``locate``/``prefix_pages``, ``pin``/``unpin``
-(a pin loads pages back from below and keeps them), ``TieredCache.peek``, the
-vLLM block view's lookups, :class:`~radixkv.analysis.stats` miss reasons, and
-the KV events, which under a filtering rule show where a request was
-deduplicated (a release that found its pages cached stores nothing).
-
-Bookkeeping is per cached block: the rules that need it are observers of
-the engine (``stored`` / ``removed`` / ``cleared``), and a page that leaves
-HBM forgets its requesters, so a page cached again (or loaded back from a lower
-tier) starts with none: its next requesters are refused until they count
-again. Forgetting only ever refuses more.
+``cached_pages``, ``cached_blocks``, ``settled_pages``, ``peek_match``,
+``locate``/``prefix_pages``, ``pin``/``unpin`` (a pin loads pages back from
+below and keeps them), ``TieredCache.peek``, the vLLM block view's lookups,
+:class:`~radixkv.analysis.stats` miss reasons, and the KV events (every
+tenant's partitions, each hashed with its own salt).
 """
 
 from __future__ import annotations
 
 import inspect
-import itertools
 from typing import Any, Dict, Hashable, List, Optional, Tuple, Type, Union
 
 import numpy as np
@@ -73,7 +71,10 @@ DEFAULT_BUDGET = 2
 DEFAULT_MAX_TENANTS = 65536
 """Strike counts ``"adaptive"`` keeps at most (the least recently suspect tenant's goes first)."""
 
-_PUBLIC: Any = object()  # a page's requester record once k + 1 distinct tenants asked for it: a hit for all
+DEFAULT_MAX_PAGES = 1 << 20
+"""Page identities ``"k-anonymous"`` keeps askers for at most (about 150 bytes each)."""
+
+_PUBLIC: Any = object()  # a page's askers once k + 1 distinct tenants asked for it: a copy for all
 
 
 def check_tenant(tenant: object) -> None:
@@ -87,15 +88,15 @@ def check_tenant(tenant: object) -> None:
 
 
 class Sharing:
-    """The seam the engine consults: a partition key per request, then which matched pages to serve.
+    """The seam the engine consults: a partition key per request and, for rules that share by
+    copy (:attr:`copies`), how far a request may be served copies of other tenants' pages.
 
-    ``filters`` is False for rules that serve every matched page (the engine
-    then calls neither :meth:`serve` nor :meth:`commit`, and registers no
-    observer: the rule costs nothing on the hit path).
+    ``copies`` is False for rules that only partition (``shared``, ``isolated``): the engine
+    then never calls :meth:`serve_copies` nor :meth:`asked` (the rule costs nothing on the hit path).
     """
 
     name = ""
-    filters = False
+    copies = False
 
     def partition(self, namespace: Optional[str], tenant: Optional[str]) -> Hashable:
         """The tree root key of a request of ``tenant`` in ``namespace`` (the namespace, by default). O(1)."""
@@ -103,10 +104,9 @@ class Sharing:
 
     def bind(self) -> None:
         """Claim the rule for one cache (the engine calls this once). A rule that keeps records
-        (:attr:`filters`) keys them by block id, which means nothing in another cache: it
-        refuses a second cache (:class:`~radixkv.errors.ArgumentValueError`) instead of serving
-        one cache's pages by another's records. :meth:`fresh` makes one for each. O(1)."""
-        if self.filters:
+        (:attr:`copies`) refuses a second cache (:class:`~radixkv.errors.ArgumentValueError`):
+        one cache's askers must not open another's pages. :meth:`fresh` makes one for each. O(1)."""
+        if self.copies:
             if getattr(self, "_bound", False):
                 raise ArgumentValueError(f"the sharing rule {self!r} serves another cache already; give each cache "
                                          f"its own (rule.fresh())")
@@ -116,33 +116,21 @@ class Sharing:
         """A rule of the same kind and parameters with no records, bound to no cache. O(1)."""
         return type(self)()
 
-    def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, Any]:
-        """``(pages served, decision)`` for ``tenant`` whose request matched cached ``blocks`` (root
-        first). Changes nothing: the engine hands ``decision`` to :meth:`served` once the match or
-        admission happened, and to :meth:`commit` when an admission is released. O(len(blocks))
-        dict lookups, one a page."""
-        return len(blocks), None
+    def serve_copies(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> Tuple[int, Any]:
+        """``(end, decision)``: ``tenant``'s request, whose own partition holds its pages up to
+        ``start``, may be served copies of pages ``start..end`` (``end <= held``: other tenants
+        hold pages ``start..held``); ``keys`` are its pages' identities. Changes nothing: the
+        engine hands ``decision`` to :meth:`served` once the copies are made. O(pages looked at)."""
+        return start, None
 
     def served(self, tenant: Optional[str], decision: Any) -> None:
-        """``tenant`` was served by ``decision`` (a match, or an admission that may still abort). O(1)."""
+        """``tenant`` was served copies by ``decision`` (from :meth:`serve_copies`). O(1)."""
 
-    def commit(self, tenant: Optional[str], decision: Any, new_blocks: np.ndarray) -> None:
-        """Record a released admission: ``decision`` from :meth:`serve` (its pages are all still
-        cached), ``new_blocks`` the pages it cached (``tenant`` caused them). An aborted
-        admission records nothing. O(pages not yet public + new pages)."""
+    def asked(self, tenant: Optional[str], keys: np.ndarray) -> None:
+        """``tenant`` asked for the pages with identities ``keys`` (a released admission, an insert). O(len(keys))."""
 
-    # observer hooks (called by the engine for every page entering or leaving HBM)
-    def stored(self, leaf: Any) -> None:
-        """Pages entered HBM; a page with no record has no requesters yet."""
-
-    def removed(self, blocks: np.ndarray) -> None:
-        """``blocks`` left HBM: their records go."""
-
-    def cleared(self) -> None:
-        """Every page left HBM (reset)."""
-
-    def check(self, cached_blocks: np.ndarray) -> None:
-        """Assert the bookkeeping covers only ``cached_blocks`` (a rule's own bound). O(records)."""
+    def check(self) -> None:
+        """Assert the rule's own bounds. O(records)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -159,6 +147,11 @@ class Shared(Sharing):
     name = "shared"
 
 
+def _tenant_partition(namespace: Optional[str], tenant: Optional[str]) -> Hashable:
+    """``(namespace, tenant)``, or the namespace itself for a request without a tenant."""
+    return namespace if tenant is None else (namespace, tenant)
+
+
 class Isolated(Sharing):
     """One partition per tenant: ``(namespace, tenant)`` is the root key (what
     :meth:`~radixkv.cache.PrefixCache.namespaces` lists, and what KV events hash as the cache
@@ -173,100 +166,84 @@ class Isolated(Sharing):
     name = "isolated"
 
     def partition(self, namespace: Optional[str], tenant: Optional[str]) -> Hashable:
-        return namespace if tenant is None else (namespace, tenant)
+        return _tenant_partition(namespace, tenant)
 
 
 class KAnonymous(Sharing):
-    """A cached page is served to tenant X only if X requested it before (while it stayed
-    cached), or at least ``k`` distinct other tenants did; else X is told a miss.
+    """Each tenant's pages are its own (as :class:`Isolated`); a page another tenant holds is
+    copied to X, as a hit, only if at least ``k`` distinct other tenants asked for it.
 
-    The hit prefix ends at the first refused page. When the admission is
-    released, every page of it records X among its requesters, so X's second
-    request of a prefix is a hit whoever had cached it: X learns the same
-    whether the prefix was someone else's or its own first request cached it.
-    A match or an aborted admission records nothing (an uncached prefix would
-    not have been cached by them either), and pages of an admission not yet
-    released have no requester yet. Per page at
-    most ``k`` tenants are kept; the ``k + 1``-th makes it public (a hit for all)
-    and its set is dropped. Memory: O(cached pages * k) at most.
+    A tenant *asks* for every page of an admission it releases and of an
+    :meth:`~radixkv.cache.PrefixCache.insert`; a match, or an aborted admission,
+    asks for nothing. Per page identity at most ``k`` askers are kept; the
+    ``k + 1``-th makes the page public (a copy for all). Memory: at most
+    ``max_pages`` records (least recently used forgotten first, which only
+    refuses more), each up to ``k`` tenant names.
 
     Threat model: one attacker tenant learns nothing from hits about prefixes
-    fewer than ``k`` other tenants requested: its own requests count once,
-    its repeats only serve itself. A hit reveals that ``k`` others asked, so
-    a sybil with ``s`` accounts learns that ``k - s + 1`` honest tenants did:
-    with ``k`` accounts (the others' probes plus the one victim make ``k``) it
-    confirms a single victim's prefix, so ``k`` must exceed the accounts an
-    attacker can get.
-
-    A refused page is invisible to the prober (see the module doc): no touch,
-    load, split, lock, hook or event. One residual channel remains, on a full
-    pool: the cache keeps one copy of a page, so after X asks for pages
-    another tenant cached, the pool holds one copy fewer than had they not,
-    and X's own pages are evicted later (a dedup side channel, the
-    indistinguishability game's strict xfail in the tests): an attacker that
-    can fill the pool confirms a guessed prompt with one probe. Policies with
-    a history of evicted pages key it by namespace, which the tenants of one
-    namespace share. Closing both means keeping a refused tenant's pages as
-    its own copy, with its own history, until they are public; until then
-    :class:`Isolated` is the rule for a pool that runs full.
+    fewer than ``k`` other tenants requested: they are never copied to it, and
+    nothing is shared between tenants' partitions, so its own pages' fate
+    (evictions, the policy's history, lower tiers, events) cannot depend on
+    them either: what it observes is what it would observe if they had not sent
+    them (tests/core/test_indistinguishability.py plays that game on full
+    pools). A hit copied to it reveals that ``k`` others asked, so a sybil with
+    ``s`` accounts learns that ``k - s + 1`` honest tenants did: ``k`` must
+    exceed the accounts an attacker can get. The price is memory: a public
+    prefix is computed once but stored once per tenant that uses it, as under
+    ``isolated``.
     """
 
     name = "k-anonymous"
-    filters = True
+    copies = True
 
-    def __init__(self, k: int = DEFAULT_K) -> None:
+    def __init__(self, k: int = DEFAULT_K, max_pages: int = DEFAULT_MAX_PAGES) -> None:
         self.k = check_int(k, "k", minimum=1)
-        self._seen: Dict[int, Any] = {}  # block -> set of requesters (at most k), or _PUBLIC
+        self.max_pages = check_int(max_pages, "max_pages", minimum=1)
+        self._asked: LRUCache = LRUCache(maxsize=self.max_pages)  # page key -> tuple of askers (<= k), or _PUBLIC
 
     def fresh(self) -> "KAnonymous":
-        return type(self)(k=self.k)
+        return type(self)(k=self.k, max_pages=self.max_pages)
 
-    def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, List[int]]:
-        seen, k = self._seen, self.k
-        served = len(blocks)
-        pending = []  # blocks whose record does not yet hold tenant and is not public
-        missing = object()
-        for i, block in enumerate(blocks.tolist()):
-            who = seen.get(block, missing)
+    def partition(self, namespace: Optional[str], tenant: Optional[str]) -> Hashable:
+        return _tenant_partition(namespace, tenant)
+
+    def _allowed(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> int:
+        """The end of the run of pages from ``start`` (below ``held``) that ``k`` others asked for."""
+        asked, k = self._asked, self.k
+        end = start
+        for key in keys[start:held].tolist():
+            who = asked.get(key)
+            if who is None or (who is not _PUBLIC and len(who) - (tenant in who) < k):
+                break
+            end += 1
+        return end
+
+    def serve_copies(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> Tuple[int, Any]:
+        return self._allowed(tenant, keys, start, held), None
+
+    def asked(self, tenant: Optional[str], keys: np.ndarray) -> None:
+        # Deepest first: whoever asked for page d asked for every page before it, so a public page
+        # has public pages before it (unless forgotten, which only refuses more) and ends the walk.
+        asked, k = self._asked, self.k
+        for key in reversed(keys.tolist()):
+            who = asked.get(key)
             if who is _PUBLIC:
-                continue
-            if who is missing or tenant not in who:
-                pending.append(block)
-                if served > i and (who is missing or len(who) < k):
-                    served = i
-        return served, pending
-
-    def commit(self, tenant: Optional[str], decision: List[int], new_blocks: np.ndarray) -> None:
-        # new pages may have requesters already: others were served them while the admission was open
-        seen, k = self._seen, self.k
-        for block in itertools.chain(decision, new_blocks.tolist()):
-            who = seen.get(block)
+                break
             if who is None:
-                seen[block] = {tenant}
-            elif who is not _PUBLIC:
-                who.add(tenant)
-                if len(who) > k:
-                    seen[block] = _PUBLIC
+                asked[key] = (tenant,)
+            elif tenant not in who:
+                asked[key] = _PUBLIC if len(who) >= k else who + (tenant,)
 
-    def removed(self, blocks: np.ndarray) -> None:
-        seen = self._seen
-        if seen:
-            for block in blocks.tolist():
-                seen.pop(block, None)
+    def check(self) -> None:
+        assert len(self._asked) <= self.max_pages, f"{self.name}: {len(self._asked)} records > {self.max_pages}"
+        for key, who in self._asked.items():
+            assert who is _PUBLIC or (0 < len(who) <= self.k and len(set(who)) == len(who)), (
+                f"{self.name}: page {key} records {who!r} (at most k={self.k} distinct tenants before public)")
 
-    def cleared(self) -> None:
-        self._seen.clear()
-
-    def check(self, cached_blocks: np.ndarray) -> None:
-        stale = set(self._seen) - set(cached_blocks.tolist())
-        assert not stale, f"{self.name}: records of blocks no longer cached: {sorted(stale)[:8]}"
-        for block, who in self._seen.items():
-            assert who is _PUBLIC or 0 < len(who) <= self.k, (
-                f"{self.name}: block {block} records {len(who)} tenants (at most k={self.k} before public)")
-
-    def requesters(self, block: int) -> Optional[frozenset]:
-        """The tenants recorded for cached ``block`` (``None`` once public; empty when none). O(k)."""
-        who = self._seen.get(block, set())
+    def askers(self, key: int) -> Optional[frozenset]:
+        """The tenants recorded as asking for the page with identity ``key`` (``None`` once public;
+        empty when none). O(k)."""
+        who = self._asked.get(key, ())
         return None if who is _PUBLIC else frozenset(who)
 
     def __repr__(self) -> str:
@@ -274,16 +251,20 @@ class KAnonymous(Sharing):
 
 
 class Adaptive(KAnonymous):
-    """Shared until a tenant looks like it probes, then k-anonymous for that tenant (in the spirit
-    of CacheSolidarity, 2026).
+    """k-anonymous, except that a tenant's first ``budget`` *suspect* requests are served every
+    copy another tenant holds (in the spirit of CacheSolidarity, 2026).
 
-    A request is *suspect* when it matches a page k-anonymity would refuse: a
-    first-time hit on a prefix that fewer than ``k`` other tenants asked for,
-    which honest tenants seldom need (public prefixes become public after ``k``
-    requesters) and a prober needs for every confirmation. A tenant's first
-    ``budget`` suspect requests are served in full; from the next one on the
-    tenant is isolated (k-anonymous) for good. Memory: the k-anonymous records
-    plus one count per suspect tenant.
+    A request is *suspect* when another tenant holds pages it asks for that
+    k-anonymity would not copy to it: a first-time hit on a prefix that fewer
+    than ``k`` other tenants asked for, which honest tenants seldom need
+    (public prefixes become public after ``k`` askers) and a prober needs for
+    every confirmation. Once a tenant spent its budget it is served as under
+    k-anonymity for good. Memory: the k-anonymous records plus the strike
+    counts of at most ``max_tenants`` tenants, the least recently suspect one
+    forgotten first (O(1) per suspect request). A forgotten tenant starts again
+    with a full budget, as a new account would: pushing one account out takes
+    ``max_tenants`` other suspect accounts, whose budgets confirm more than the
+    reset gives back.
 
     Threat model: one attacker tenant confirms at most ``budget`` prefixes it
     could not have learned under k-anonymity (each suspect request confirms
@@ -291,47 +272,38 @@ class Adaptive(KAnonymous):
     confirms ``s * budget`` (plus what k-anonymity gives ``s`` accounts). An
     honest tenant pays only after ``budget`` early hits on not-yet-public
     prefixes, and then only what k-anonymity costs.
-
-    Memory: the strike counts of at most ``max_tenants`` tenants, the least
-    recently suspect one forgotten first (O(1) per suspect request). A
-    forgotten tenant starts again with a full budget, as a new account would:
-    pushing one account out takes ``max_tenants`` other suspect accounts, whose
-    budgets confirm more than the reset gives back.
     """
 
     name = "adaptive"
 
-    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET, max_tenants: int = DEFAULT_MAX_TENANTS) -> None:
-        super().__init__(k)
+    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET, max_tenants: int = DEFAULT_MAX_TENANTS,
+                 max_pages: int = DEFAULT_MAX_PAGES) -> None:
+        super().__init__(k, max_pages)
         self.budget = check_int(budget, "budget", minimum=0)
         self.max_tenants = check_int(max_tenants, "max_tenants", minimum=1)
         # tenant -> suspect requests served in full; an LRU map so the memory has a bound
         self._strikes: LRUCache = LRUCache(maxsize=self.max_tenants)
 
     def fresh(self) -> "Adaptive":
-        return type(self)(k=self.k, budget=self.budget, max_tenants=self.max_tenants)
+        return type(self)(k=self.k, budget=self.budget, max_tenants=self.max_tenants, max_pages=self.max_pages)
 
-    def serve(self, tenant: Optional[str], blocks: np.ndarray) -> Tuple[int, Tuple[List[int], bool]]:
-        served, pending = super().serve(tenant, blocks)
-        suspect = served < len(blocks)
-        if suspect and self._strikes.get(tenant, 0) < self.budget:
-            return len(blocks), (pending, True)
-        return served, (pending, False)
+    def serve_copies(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> Tuple[int, Any]:
+        end = self._allowed(tenant, keys, start, held)
+        if end < held and self._strikes.get(tenant, 0) < self.budget:
+            return held, True  # suspect, within its budget: served in full
+        return end, False
 
-    def served(self, tenant: Optional[str], decision: Tuple[List[int], bool]) -> None:
+    def served(self, tenant: Optional[str], decision: Any) -> None:
         # counted when served, not at release: admissions held open, or matches, spend it too
-        if decision[1]:
+        if decision:
             self._strikes[tenant] = self._strikes.get(tenant, 0) + 1
-
-    def commit(self, tenant: Optional[str], decision: Tuple[List[int], bool], new_blocks: np.ndarray) -> None:
-        super().commit(tenant, decision[0], new_blocks)
 
     def isolated_tenants(self) -> List[Optional[str]]:
         """Tenants that spent their budget (served k-anonymously from now on). O(suspect tenants)."""
         return [t for t, n in self._strikes.items() if n >= self.budget]
 
-    def check(self, cached_blocks: np.ndarray) -> None:
-        super().check(cached_blocks)
+    def check(self) -> None:
+        super().check()
         assert len(self._strikes) <= self.max_tenants, (
             f"{self.name}: {len(self._strikes)} strike counts, over max_tenants={self.max_tenants}")
 

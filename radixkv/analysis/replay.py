@@ -164,10 +164,9 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         hit = admission.hit_tokens
         if before is not None:
             loaded = pages_loaded(before, cache.hit_tokens_by_tier, lower_tiers, cache.page_size)
-        admitted = admission.cached_pages
+        admitted = admission.num_new_pages
         record = add(request, hit, admitted, cache.declined_blocks - declined0,
-                     cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record, keys=keys,
-                     cached_through=hit // cache.page_size + admission.num_new_pages)
+                     cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record, keys=keys)
         if on_request is not None:
             on_request(request, hit)
         if record is not None:

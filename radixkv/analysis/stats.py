@@ -448,17 +448,12 @@ class ReplayStats:
 
     def add(self, request: Request, hit_tokens: int, admitted: int, declined: int, evicted: int,
             other_pages: int = 0, *, loaded_pages: Optional[Mapping[str, int]] = None,
-            want_record: bool = False, keys: Optional[List[int]] = None,
-            cached_through: Optional[int] = None) -> Optional[RequestRecord]:
+            want_record: bool = False, keys: Optional[List[int]] = None) -> Optional[RequestRecord]:
         """Count one admitted request: ``hit_tokens`` served, ``admitted`` pages cached, ``declined``
         pages refused by the policy, ``evicted`` blocks evicted for it; ``other_pages`` is
         :func:`other_namespace_pages` taken before admitting it; ``loaded_pages`` maps a lower tier
         to the hit pages loaded from it; ``keys``: its keys from :meth:`prepare`, if it was
-        prepared; ``cached_through``: how many leading pages of it the cache holds for its
-        tenant once released (the hit pages plus ``admitted`` by default; under a sharing
-        rule that filters, also the pages it was served as a miss, which other tenants had
-        cached: :attr:`Admission.num_new_pages <radixkv.cache.Admission.num_new_pages>` after the hit).
-        Returns its record when ``want_record``.
+        prepared. Returns its record when ``want_record``.
         """
         tokens = request.tokens
         prompt = len(tokens)
@@ -474,9 +469,7 @@ class ReplayStats:
         self.prefill_flops_saved += flops
         self.ttft_saving_seconds += saving
         if self._keys is not None:
-            if cached_through is None:
-                cached_through = hit_tokens // self.page_size + admitted
-            misses = self._classify(request, hit_tokens, cached_through, declined, other_pages, keys)
+            misses = self._classify(request, hit_tokens, admitted, declined, other_pages, keys)
             if self._index is not None:
                 self._index.expect(None)
         if not want_record:
@@ -485,10 +478,10 @@ class ReplayStats:
         return RequestRecord(self.requests - 1, request.timestamp, request.namespace, prompt, hit_tokens, admitted, declined,
                              evicted, misses, flops, saving)
 
-    def _classify(self, request: Request, hit_tokens: int, cached_through: int, declined: int,
+    def _classify(self, request: Request, hit_tokens: int, admitted: int, declined: int,
                   other: int, keys: Optional[List[int]]) -> Tuple[int, int, int, int, int]:
         """Add the request's missed tokens to :attr:`miss_tokens_by_reason`; return its own counts,
-        in the order of :data:`MISS_REASONS`. ``cached_through``: see :meth:`add`.
+        in the order of :data:`MISS_REASONS`.
 
         O(1) plus O(runs on the request's path) dict lookups, and O(pages) for a namespace
         with declined pages; the request's keys are computed once (:meth:`prepare`).
@@ -522,7 +515,7 @@ class ReplayStats:
                 others = other - seen - int(mask[: other - seen].sum())
         elif other > seen:
             others = other - seen
-        history.add_cached(keys, covered, min(cached_through, n), namespace)
+        history.add_cached(keys, covered, min(h + admitted, n), namespace)
         if declined:
             history.add_declined(keys, n - declined, namespace)
         first = (first - others) * p

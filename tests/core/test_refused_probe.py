@@ -1,9 +1,9 @@
 """A refused page is invisible to the prober (issue: k-anonymous sharing without side effects).
 
-Under a sharing rule that filters, a ``match`` or ``admit`` whose pages the rule refuses must not
-act on them: no touch, no load from below, no split, no lock, no policy hook, no event. Each test
-below failed when a refused probe still did one of these; the indistinguishability game
-(tests/core/test_indistinguishability.py) checks them together.
+Under k-anonymity a ``match`` or ``admit`` of pages another tenant cached, which the rule does not
+copy to the prober, must not act on them: no touch, no load from below, no split, no lock, no
+policy hook, no event. Each test below failed when a refused probe still did one of these; the
+indistinguishability game (tests/core/test_indistinguishability.py) checks them together.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def test_a_refused_probe_does_not_refresh_the_pages(how):
     cache.admit(pages(1, 2), tenant="victim").release()
     cache.admit(pages(7, 8), tenant="x").release()  # the prober's own pages, used later
     first = cache.peek_victim()
-    assert first is not None and first[0] in cache.peek_match(pages(1, 2)).blocks.tolist()
+    assert first is not None and first[0] in cache.peek_match(pages(1, 2), tenant="victim").blocks.tolist()
     assert probe(cache, pages(1, 2), how) == 0
     cache.check()
     assert cache.peek_victim()[:2] == first[:2]
-    assert cache.evict(2) == 2 and cache.cached_pages(pages(1, 2)) == 0  # the victim's went first
-    assert cache.cached_pages(pages(7, 8)) == 2
+    assert cache.evict(2) == 2 and cache.cached_pages(pages(1, 2), tenant="victim") == 0  # the victim's first
+    assert cache.cached_pages(pages(7, 8), tenant="x") == 2
 
 
 @pytest.mark.parametrize("how", ["match", "admit"])
@@ -51,11 +51,11 @@ def test_a_refused_probe_does_not_load_the_pages_back_from_below(how):
     cache = TieredCache(4, page_size=PAGE, tiers=[HostTier(8)], sharing=KAnonymous(k=2), load_back="always")
     cache.admit(pages(1, 2), tenant="victim").release()
     cache.evict(2)  # the victim's pages are on the host now
-    assert cache.cached_pages(pages(1, 2)) == 0
+    assert cache.cached_pages(pages(1, 2), tenant="victim") == 0
     before = cache.tier_stats().as_dict()
     assert probe(cache, pages(1, 2), how) == 0
     cache.check()
-    assert cache.cached_pages(pages(1, 2)) == 0 or how == "admit"  # an admission caches its own copy
+    assert cache.cached_pages(pages(1, 2), tenant="victim") == 0
     stats = cache.tier_stats().as_dict()
     assert stats["bytes_by_route"].get("host->hbm", 0) == before["bytes_by_route"].get("host->hbm", 0), stats
     assert stats["hit_tokens_by_tier"] == before["hit_tokens_by_tier"]
@@ -68,10 +68,10 @@ def test_a_refused_probe_does_not_split_the_node(how):
     nodes = len(list(cache.nodes()))
     assert probe(cache, pages(1, 2, 9), how) == 0
     cache.check()
-    if how == "match":
-        assert len(list(cache.nodes())) == nodes
-    else:  # the release caches the prober's own page 9 below page 2: the one split it needs
-        assert cache.cached_pages(pages(1, 2, 9)) == 3
+    victim = [n for n in cache.nodes() if n.parent.parent is None and n.parent.namespace == (None, "victim")]
+    assert len(victim) == 1 and victim[0].num_pages == 4  # the victim's node is whole
+    if how == "admit":  # the prober's own copy, in its own partition
+        assert cache.cached_pages(pages(1, 2, 9), tenant="x") == 3
 
 
 def test_a_refused_probe_does_not_lock_the_pages():
@@ -80,7 +80,8 @@ def test_a_refused_probe_does_not_lock_the_pages():
     cache.admit(pages(1, 2, 3, 4, 5), tenant="victim").release()
     adm = cache.admit(pages(1, 2, 3, 4, 5), tenant="x")
     assert adm.hit_tokens == 0 and len(adm.new_blocks) == 5
-    assert cache.protected_blocks == 0
+    assert cache.protected_blocks == 5  # its own five, none of the victim's
+    assert all(n.lock_ref == 0 for n in cache.nodes() if n.parent.namespace == (None, "victim"))
     adm.release()
     cache.check()
 

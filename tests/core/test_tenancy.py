@@ -149,33 +149,29 @@ def test_shared_is_the_cache_without_tenants(sequence, num_blocks):
     assert snapshot(with_tenants) == snapshot(without)
 
 
-def test_private_blocks_are_the_callers_until_the_admission_ends():
-    """Under a sharing rule every page after the served prefix gets a held block until the
-    admission ends; the release caches the pages still missing in theirs and gives the rest
-    back (to the free-block sink when there is one), the abort gives all back; the tree keeps
-    one copy."""
-    sunk = []
-    cache = PrefixCache(16, page_size=PAGE, sharing="k-anonymous")
-    cache.admit(tokens((1, 2)), tenant="v").release()
-    cached = cache.num_cached_blocks
-    for last, end in enumerate(("release", "abort")):
-        before = cache.num_cached_blocks
-        adm = cache.admit(tokens((1, 2, last)), tenant="x" + end)
-        assert adm.hit_tokens == 0 and len(adm.new_blocks) == 3 and len(adm.blocks) == 3
-        assert adm.private_pages == 3 and cache.are_held(adm.new_blocks) and cache.num_held_blocks == 3
-        assert cache.num_cached_blocks == before  # nothing is cached before the release
-        getattr(adm, end)()
-        assert cache.num_held_blocks == 0
-        cache.check()
-    assert cache.num_cached_blocks == cached + 1  # the released third page; the aborted one left
-    cache.on_free = sunk.append
-    adm = cache.admit(tokens((1, 2)), tenant="y")
-    private = adm.new_blocks.copy()
+def test_each_tenant_keeps_its_own_copy_and_copies_are_written_bytes():
+    """Under k-anonymity a tenant's pages are its own partition: a copy of another tenant's page
+    is made only once k others asked for it, holds the bytes written for it, and is the
+    tenant's own from then on (the source may go)."""
+    cache = PrefixCache(16, page_size=PAGE, sharing=KAnonymous(k=2), kv_shape=(1,), dtype="float32")
+    for n, tenant in enumerate(("a", "b")):
+        adm = cache.admit(tokens((1, 2)), tenant=tenant)
+        assert adm.hit_tokens == 0 and adm.copied_pages == 0  # fewer than 2 others asked
+        cache.write(adm.new_blocks, np.full((2, PAGE, 1), 7.0))
+        adm.release()
+    assert cache.num_cached_blocks == 4 and sorted(map(str, cache.namespaces())) == ["(None, 'a')", "(None, 'b')"]
+    adm = cache.admit(tokens((1, 2, 0)), tenant="c")
+    assert adm.hit_tokens == 4 and adm.copied_pages == 2 and cache.copied_blocks == 2
+    np.testing.assert_array_equal(cache.read(adm.blocks[:2]), np.full((2, PAGE, 1), 7.0))
+    cache.write(adm.new_blocks, np.full((1, PAGE, 1), 3.0))
     adm.release()
-    assert [b.tolist() for b in sunk] == [private.tolist()]
-    cache.on_free = None
-    cache.free(sunk[0])
     cache.check()
+    for tenant in ("a", "b"):  # the sources may go: c's copy is its own
+        with cache.admit(tokens((5, 5, 5, 5)), tenant=tenant):
+            pass
+    cache.evict(cache.evictable_blocks)
+    cache.check()
+    assert cache.cached_pages(tokens((1, 2)), namespace=None) == 0  # tenant-blind: the namespace partition
 
 
 def served(cache: PrefixCache, path, tenant) -> int:
@@ -188,11 +184,13 @@ def test_a_prefix_becomes_a_hit_for_all_after_k_others():
     cache = PrefixCache(32, page_size=PAGE, sharing=KAnonymous(k=2))
     for tenant in ("a", "b"):
         assert served(cache, (1, 2), tenant) == 0
-    assert cache.admit(tokens((1, 2)), tenant="c").hit_tokens == 4  # a and b asked
+    assert cache.admit(tokens((1, 2)), tenant="c").hit_tokens == 4  # a and b asked: a copy
     assert served(cache, (1, 2, 0), "c") == 4
-    assert served(cache, (1, 2), "a") == 4  # its own, and b's and c's
-    assert cache.match(tokens((1, 2, 0)), tenant="d").num_tokens == 4  # page 3: c alone
+    assert served(cache, (1, 2), "a") == 4  # its own
+    assert cache.match(tokens((1, 2, 0)), tenant="d").num_tokens == 4  # page 3: c alone asked
     assert cache.match(tokens((1, 2, 0)), tenant="c").num_tokens == 6
+    assert cache.sharing.askers(cache._copies.request_keys(
+        np.asarray(tokens((1, 2)), dtype=np.uint32).tobytes(), 2, None)[1].item()) is None  # public: a, b, c
 
 
 def test_adaptive_isolates_a_tenant_after_its_budget():
@@ -256,7 +254,72 @@ def test_adaptive_keeps_strike_counts_of_at_most_max_tenants():
         assert cache.match(tokens((1, 1)), tenant=prober).num_tokens == 4  # its budget: one suspect hit
         cache.check()
     assert rule.isolated_tenants() == ["p2", "p3"]
-    assert cache.match(tokens((1, 1)), tenant="p3").num_tokens == 0  # still isolated
+    cache.admit(tokens((2, 2)), tenant="victim").release()
+    assert cache.match(tokens((2, 2)), tenant="p3").num_tokens == 0  # spent its budget
+    assert cache.match(tokens((2, 2)), tenant="p0").num_tokens == 4  # forgotten: a budget again
     assert "max_tenants=2" in repr(rule) and rule.fresh().max_tenants == 2
     with pytest.raises(ArgumentValueError, match="max_tenants"):
         Adaptive(max_tenants=0)
+
+
+def _page_value(path, d: int) -> np.ndarray:
+    """The KV of page ``d`` of ``path``: a function of the prefix through it (whoever computes it)."""
+    return np.full((PAGE, 1), float(hash(tuple(path[: d + 1])) % 100003), dtype=np.float32)
+
+
+@given(sequence=steps, k=st.integers(1, 2), num_blocks=st.integers(3, 10), adaptive=st.booleans(),
+       tiered=st.booleans())
+def test_every_hit_copied_or_own_holds_the_bytes_written_for_its_prefix(sequence, k, num_blocks, adaptive, tiered):
+    """Copies are made of written pages only, and hold their source's bytes. A held admission's
+    new pages hold a poison value until it is released (its KV is not written yet): a copy of
+    them would carry it. Every hit is checked, copied pages included, except a tenant's own
+    pages still pending (a batch mate of its own held admission)."""
+    from radixkv.tiers import HostTier, TieredCache
+
+    rule = Adaptive(k=k, budget=1) if adaptive else KAnonymous(k=k)
+    if tiered:
+        cache = TieredCache(num_blocks, page_size=PAGE, tiers=[HostTier(4)], sharing=rule, kv_shape=(1,),
+                            dtype="float32", load_back="always")
+    else:
+        cache = PrefixCache(num_blocks, page_size=PAGE, sharing=rule, kv_shape=(1,), dtype="float32")
+    held, pending = [], set()
+
+    def verify(tenant, path, blocks):
+        got = cache.read(blocks)
+        for d in range(len(blocks)):
+            if (tenant, path[: d + 1]) not in pending:
+                np.testing.assert_array_equal(got[d], _page_value(path, d), err_msg=f"page {d} of {path} for {tenant}")
+
+    def write(adm, path, hit, value=None):
+        n = len(adm.new_blocks)
+        if n:
+            cache.write(adm.new_blocks, np.stack([_page_value(path, hit + j) if value is None else
+                                                  np.full((PAGE, 1), value, dtype=np.float32) for j in range(n)]))
+
+    for tenant, path, how in sequence:
+        if how in ("match", "insert"):
+            verify(tenant, path, cache.match(tokens(path), tenant=tenant).blocks)
+            cache.check()
+            continue
+        adm = cache.admit(tokens(path), tenant=tenant)
+        hit = adm.hit_tokens // PAGE
+        verify(tenant, path, adm.blocks[:hit])
+        if how == "hold":
+            write(adm, path, hit, value=-1.0)
+            mine = {(tenant, path[: hit + j + 1]) for j in range(len(adm.new_blocks))}
+            pending |= mine
+            held.append((adm, path, hit, tenant, mine))
+        elif how == "release":
+            write(adm, path, hit)
+            adm.release()
+        else:
+            adm.abort()
+        if len(held) > 2:
+            adm, held_path, held_hit, _, mine = held.pop(0)
+            write(adm, held_path, held_hit)
+            pending -= mine
+            adm.release()
+        cache.check()
+    for adm, *_ in held:
+        adm.abort()
+    cache.check()

@@ -1,10 +1,13 @@
-"""KV events under sharing rules: isolated tenants never share a hash (a router cannot link
-them); under k-anonymity the tree holds one copy, stored once."""
+"""KV events under sharing rules: tenants' partitions never share a hash (a router cannot link
+them), isolated or k-anonymous, copies included."""
 
 from __future__ import annotations
 
+import pytest
+
 from radixkv import PrefixCache
 from radixkv.events import BlockStored
+from radixkv.tenancy import KAnonymous
 
 from ..core.test_tenancy import served
 
@@ -25,10 +28,13 @@ def test_isolated_tenants_publish_different_hashes():
     cache.check()
 
 
-def test_k_anonymous_stores_one_copy_once():
-    cache = PrefixCache(16, page_size=2, enable_events=True, sharing="k-anonymous")
+@pytest.mark.parametrize("sharing", ["isolated", "k-anonymous"])
+def test_each_tenants_pages_are_stored_under_its_own_hashes(sharing):
+    cache = PrefixCache(16, page_size=2, enable_events=True, sharing=KAnonymous(k=1) if sharing != "isolated"
+                        else sharing)
     served(cache, (1, 2), "a")
     first = stored_hashes(cache)
-    assert served(cache, (1, 2), "b") == 0
-    assert len(first) == 2 and stored_hashes(cache) == []  # b's copies went back, never stored
+    assert served(cache, (1, 2), "b") == (4 if sharing == "k-anonymous" else 0)  # k=1: a copy of a's
+    second = stored_hashes(cache)
+    assert len(first) == len(second) == 2 and not set(first) & set(second)
     cache.check()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = [
     {"errors", "keys", "extents"},
     {"tree", "page_keys", "token_buffer", "costs"},
-    {"pool", "victims", "capacity", "tenancy"},
+    {"pool", "victims", "capacity", "tenancy", "copies"},
     {"policies"},
     {"events"},
     {"lower"},

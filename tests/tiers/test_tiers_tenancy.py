@@ -1,7 +1,7 @@
 """Sharing rules over lower tiers: what a tenant is served stays what HBM alone would allow.
 
-A page loaded back from a tier carries no requesters (they are kept per HBM block), so it is
-refused to every tenant until they ask again: safe, at the cost of those hits.
+Each tenant's pages are its own partition, below HBM too: a tenant's demoted pages load back
+for it alone; another tenant gets a copy only of pages in HBM that k others asked for.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ def test_tiers_serve_nothing_the_rule_refuses(sequence, k, num_blocks, isolated)
     run(cache, sequence, history, on_hit)
 
 
-def test_a_page_loaded_back_is_refused_until_asked_again():
+def test_a_tenants_pages_load_back_for_it_alone():
     cache = TieredCache(2, page_size=2, tiers=[HostTier(8)], load_back="always", sharing=KAnonymous(k=1))
     served(cache, (1, 2), "victim")
     served(cache, (3, 4), "other")  # demotes the victim's pages to the host
-    assert served(cache, (1, 2), "victim") == 0  # back in HBM, no requester recorded
-    assert served(cache, (1, 2), "victim") == 4
-    assert served(cache, (1, 2), "x") == 4  # k=1: the victim is one other tenant
+    assert served(cache, (1, 2), "x") == 0  # k=1 and the victim asked, but its copy is below HBM
+    served(cache, (3, 4), "other")
+    host = cache.tier_stats().hit_tokens_by_tier["host"]
+    assert served(cache, (1, 2), "victim") == 4  # its own, loaded back
+    assert cache.tier_stats().hit_tokens_by_tier["host"] == host + 4
+    assert served(cache, (1, 2), "y") == 4  # a copy of the victim's, now in HBM
     cache.check()
 
 

@@ -58,12 +58,12 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
             for ``slru``).
         enable_kv_cache_events: record KV events for :meth:`take_events`.
         disable: behave like SGLang with ``--disable-radix-cache`` (nothing is cached).
-        sharing: radixkv's sharing rule between tenants (:mod:`radixkv.tenancy`). Under
-            ``"k-anonymous"`` or ``"adaptive"`` a request's ``cache_salt`` is its tenant (the
-            namespace is ``extra_key`` alone): a salted request is served the pages it cached
-            itself or that k other salts asked for. Otherwise (the default) the salt partitions,
-            as in SGLang. KV events then publish the one shared copy of a page, unsalted: a
-            router that routes on them must not promise a salted request a hit.
+        sharing: radixkv's sharing rule between tenants (:mod:`radixkv.tenancy`). A request's
+            ``cache_salt`` partitions, as in SGLang, whatever the rule: each salt's pages are its
+            own and KV events hash them with the salt. The copies ``"k-anonymous"`` and
+            ``"adaptive"`` add between tenants need blocks radixkv takes itself, and here
+            SGLang's allocator owns every free block, so this face makes none yet: under them a
+            salted request is served the pages it cached itself, as under ``"isolated"``.
     """
 
     def __init__(
@@ -96,7 +96,6 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
         self._returned: Optional[List[np.ndarray]] = None  # collects an insert's freed blocks, else None
         self.cache = PrefixCache(num_pages, page_size, policy=policy,
                                  enable_events=self.enable_kv_cache_events, on_free=self._freed, sharing=sharing)
-        self._salt_is_tenant = self.cache.sharing.filters
         """The radixkv cache underneath (its block ids are SGLang page indices)."""
         # Every block starts out SGLang's (held): its allocator, not radixkv, hands out slots, and
         # radixkv's insert takes only blocks its caller holds. Blocks radixkv lets go of come back
@@ -162,12 +161,9 @@ class RadixKVCache(SGLANG_BASE or StandaloneBase, Calls055):  # type: ignore[mis
 
     def _where(self, holder: Any) -> Tuple[Optional[str], Optional[str]]:
         """(namespace, tenant) of the ``extra_key`` and ``cache_salt`` of ``holder`` (a key or a
-        request): the salt partitions unless the sharing rule serves tenants; then it is the tenant."""
+        request): the salt partitions, whatever the sharing rule (see ``sharing``)."""
         extra_key, salt = getattr(holder, "extra_key", None), getattr(holder, "cache_salt", None)
-        namespace = namespace_of(extra_key, salt)  # checks both
-        if self._salt_is_tenant:
-            return namespace_of(extra_key, None), salt or None
-        return namespace, None
+        return namespace_of(extra_key, salt), None  # checks both
 
     def _free(self, slots: np.ndarray) -> None:
         if len(slots):
