@@ -90,7 +90,7 @@ class _Server:
             cool.failed()
             self._client.connection_pool.disconnect(inuse_connections=False)
             return Reply.failed(n, errors=1, error=exc, round_trips=1)
-        except self._o.refused as exc:
+        except self._o.failures as exc:  # an error reply, or redis-py refusing what it got
             return Reply.failed(n, errors=1, error=exc, round_trips=1)
         cool.ok()
         errors = [v for v in values if isinstance(v, Exception)]
@@ -196,7 +196,7 @@ class _Cluster:
                 client.connection_pool.disconnect(inuse_connections=False)
                 errors, error, refresh = errors + 1, exc, True
                 continue
-            except o.refused as exc:
+            except o.failures as exc:
                 errors, error = errors + 1, exc
                 continue
             cool.ok()
@@ -221,7 +221,7 @@ class _Cluster:
         try:
             self._rc.nodes_manager.initialize()
             self.refreshes += 1
-        except (*self._o.transport, self._o.cluster_error, self._o.refused):
+        except (*self._o.transport, self._o.cluster_error, self._o.failures):
             pass
         return 1
 
@@ -261,6 +261,9 @@ class RedisPages:
         redis = self.redis = load_redis()
         self.transport = transport_errors(redis)
         self.refused = redis.exceptions.ResponseError
+        """Error replies: the server answered, and said no."""
+        self.failures = redis.exceptions.RedisError
+        """Anything else redis-py raises (error replies included); a call failing so fails its keys."""
         self.cluster_error = redis.exceptions.RedisClusterException
         self.url = redact(url)
         self.timeout = timeout
@@ -309,7 +312,7 @@ class RedisPages:
             self.cooloff.failed()
             self._client.connection_pool.disconnect(inuse_connections=False)
             return trips, exc
-        except (self.cluster_error, self.refused, ValueError) as exc:
+        except (self.cluster_error, self.failures, ValueError) as exc:
             if raise_config:
                 raise ArgumentValueError(f"cannot use Redis Cluster at {self.url!r}: {exc}") from None
             self.cooloff.failed()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import socket
+import threading
 import time
 
 from radixkv.store import KeyChain, PageStore, codec
@@ -51,6 +53,27 @@ def test_one_round_trip_per_call_and_first_writer_wins(redis_server):
     assert all(len(k) == 36 for k in keys)
     other = PageStore.open(redis_server.url, FP)  # another engine process, same server
     assert other.get(chain)[1] == 64
+
+
+def test_engines_racing_to_write_a_chain_all_read_one_winner_per_page(redis_server):
+    stores = [PageStore.open(redis_server.url, FP) for _ in range(4)]  # four engines, one connection pool each
+    chains = [stores[0].chain(tokens(i, 16)) for i in range(20)]
+    barrier = threading.Barrier(len(stores))
+
+    def engine(e: int) -> None:
+        barrier.wait()
+        for chain in chains:
+            stores[e].put(chain, [b"engine %d page %d" % (e, j) for j in range(len(chain))])
+
+    threads = [threading.Thread(target=engine, args=(e,)) for e in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(s.stats()["pages_written"] for s in stores) == 20 * 16  # each page stored exactly once
+    for chain in chains:
+        seen = {tuple(bytes(p) for p in s.get(chain)[0]) for s in stores}
+        assert len(seen) == 1 and len(next(iter(seen))) == 16  # every engine reads the same winners
 
 
 def test_lookup_uses_pipelines_on_a_server_that_refuses_scripts():
@@ -186,6 +209,23 @@ def test_a_server_down_at_open_is_found_once_it_answers():
         assert store.backend.kind == "redis" and store.get(chain)[1] == 4
         assert raw(server).dbsize() == 4
     store.close()
+
+
+def test_a_server_that_never_answers_costs_one_timeout_per_cool_off():
+    _require_redis()
+    with socket.socket() as silent:  # accepts connections (the kernel's backlog), never replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        started = time.monotonic()
+        store = PageStore.open(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", FP, timeout=0.2)
+        assert 0.19 < time.monotonic() - started < 0.6 and store.backend.kind == "redis?"
+        chain = store.chain(tokens(0, 4))
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:
+            assert store.lookup(chain) == 0 and store.get(chain) == ([], 0)
+        s = store.stats()
+        assert s["backend_skips"] > 100 and 1 <= s["backend_errors"] <= 4  # cool-offs of 0.1, 0.2, 0.4 s
+        assert isinstance(store.last_error, store.backend.transport)
 
 
 def test_maxmemory_eviction_serves_each_chain_only_up_to_its_first_gap():
