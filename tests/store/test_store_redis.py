@@ -228,6 +228,15 @@ def test_a_server_that_never_answers_costs_one_timeout_per_cool_off():
         assert isinstance(store.last_error, store.backend.transport)
 
 
+def test_a_password_in_the_url_never_shows():
+    _require_redis()
+    port = free_port()
+    store = PageStore.open(f"redis://fleet:s3cret@127.0.0.1:{port}/0", FP)
+    store.lookup(store.chain(tokens(0, 1)))
+    assert store.stats()["url"] == f"redis://fleet:***@127.0.0.1:{port}/0"
+    assert "s3cret" not in repr(store) and "s3cret" not in repr(store.backend)
+
+
 def test_maxmemory_eviction_serves_each_chain_only_up_to_its_first_gap():
     _require_redis()
     with LocalRedis(args=["--maxmemory-policy", "allkeys-lru"]) as server:
