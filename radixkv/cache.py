@@ -26,7 +26,7 @@ from .errors import (
     ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError)
 from .events import EventLog, KVCacheEvent, make_event_log
 from .events.hashing import BlockHasher
-from .keys import TokensLike, check_namespace, check_positive_int, is_int, page_key
+from .keys import TOKEN_DTYPE, TokensLike, check_namespace, check_positive_int, is_int, page_key
 from .lower import LowerLayer
 from .events.page_hashes import PageHashIndex
 from . import extents
@@ -218,6 +218,27 @@ class Admission:
         return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
 
 
+def _check_store(store: object, page_size: int, payload: Optional[np.ndarray]) -> Any:
+    """``store`` if it may be the cache's shared page store (:class:`radixkv.store.PageStore`, or
+    ``None``): it cuts pages of ``page_size`` tokens, and with a payload its fingerprint's KV shape
+    and dtype are the payload's. Raises ArgumentTypeError / ArgumentValueError, naming the field."""
+    if store is None:
+        return None
+    if not all(callable(getattr(store, name, None)) for name in ("chain", "get", "put")):
+        raise ArgumentTypeError(f"store must be a PageStore (chain, get, put), got {store!r}")
+    fingerprint = getattr(store, "fingerprint", None)
+    if fingerprint is not None:
+        if fingerprint.page_size != page_size:
+            raise ArgumentValueError(f"the store's fingerprint has page_size {fingerprint.page_size}, "
+                                     f"the cache {page_size}")
+        if payload is not None and (tuple(fingerprint.kv_shape) != payload.shape[2:]
+                                    or np.dtype(fingerprint.dtype) != payload.dtype):
+            raise ArgumentValueError(f"the store's fingerprint holds {fingerprint.dtype} KV of shape "
+                                     f"{tuple(fingerprint.kv_shape)} a token, the cache's payload "
+                                     f"{payload.dtype} of {payload.shape[2:]}")
+    return store
+
+
 def _check_sink(sink: object) -> Any:
     """``sink`` if it may be a free-block sink (a callable or ``None``), else raise ArgumentTypeError."""
     if sink is not None and not callable(sink):
@@ -271,6 +292,7 @@ class PrefixCache:
         on_free: Optional[Callable[[np.ndarray], None]] = None,
         lower: Optional[LowerLayer] = None,
         sharing: Union[str, "_tenancy.Sharing", None] = None,
+        store: Optional[Any] = None,
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
         self._sharing = _tenancy.create(sharing)
@@ -288,6 +310,10 @@ class PrefixCache:
         self.page_size = page_size
         self._pool = BlockPool(num_blocks, page_size, kv_shape, dtype)
         self._tree = RadixTree(page_size)
+        self._store = _check_store(store, page_size, self._pool.data)
+        self.store_hit_blocks = 0
+        """Pages served from the shared page store (``store``) since creation (monotonic)."""
+        self._store_chain: Tuple[Optional[bytes], List[bytes]] = (None, [])  # the last request's store keys
         # where a tenant's copy of another tenant's page can come from (rules that share by copy)
         self._copies: Optional[CopyIndex] = CopyIndex(num_blocks, page_size) if self._copying is not None else None
         self._victims = make_queue(self._policy)
@@ -350,6 +376,18 @@ class PrefixCache:
     @property
     def policy(self) -> "_policies.EvictionPolicy":
         return self._policy
+
+    @property
+    def store(self) -> Optional[Any]:
+        """The shared page store (the ``store`` argument: a :class:`radixkv.store.PageStore`), or ``None``.
+
+        A match or admission whose pages run past HBM (and the lower tiers) asks
+        the store for the rest of its chain in one round trip, and caches the
+        verified pages it gets as hits; a released admission writes its new pages
+        through to it, first writer wins. Engines that share the store share
+        their pages. O(1).
+        """
+        return self._store
 
     @property
     def sharing(self) -> "_tenancy.Sharing":
@@ -910,10 +948,28 @@ class PrefixCache:
             new_blocks.flags.writeable = False
             record = self._lower.admitted(self._tree.find_root(key), data, pos, new_blocks)
         finish = partial(self._finish_admission, holder, pos, record)
+        if self._store is not None and new:  # a release writes its new pages through to the store
+            chain = self._store_chain[1] if self._store_chain[0] is data else None
+            finish = partial(self._finish_storing, root, data, chain, pos, new, holder, finish)
         if self._copying is not None:  # a release asks for every page of the request
             finish = partial(self._finish_asking, tenant, data, num_pages, namespace, finish)
         return Admission(pos * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks,
                          self._copied)
+
+    def _finish_storing(self, root: Root, data: bytes, chain: Optional[List[bytes]], start: int, new: Parts,
+                        holder: Node, finish: Callable[[bool], None], aborted: bool) -> None:
+        """End an admission with a shared page store: ``finish`` it; a release whose new pages still
+        hold their KV (no batch mate's abort uncached them) writes them to the store, first
+        writer wins (one round trip; a store that fails counts it and raises nothing)."""
+        written = not aborted and not (self._detached and holder in self._detached)
+        finish(aborted)
+        if written:
+            blocks = extents.to_array(new)
+            if chain is None:
+                chain = self._store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
+            payload = self._pool.data
+            pages = [payload[b] for b in blocks.tolist()] if payload is not None else [b""] * len(blocks)
+            self._store.put(chain, pages, start)
 
     def _finish_asking(self, tenant: Optional[str], data: bytes, num_pages: int, namespace: Optional[str],
                        finish: Callable[[bool], None], aborted: bool) -> None:
@@ -1229,7 +1285,47 @@ class PrefixCache:
         # (a cache whose freed blocks go to a sink owns no free block to copy into: its caller allocates)
         if self._copying is not None and use and pos < num_pages and self._on_free is None:
             node, pos = self._copy_in(root, data, num_pages, node, pos, tenant, namespace)
+        if self._store is not None and use and pos < num_pages and self._on_free is None:
+            node, pos = self._store_in(root, data, num_pages, node, pos)
         return node, pos
+
+    def _store_in(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int):
+        """Continue a match that reached page ``pos`` (``node``) with the pages the shared page store
+        holds under the same tokens in the same partition: one verified round trip for the rest
+        of the request's chain, stopping at the first gap; the pages are cached in blocks the
+        engine frees and takes itself, as a load from a lower tier would. O(pages) hashing once."""
+        store = self._store
+        chain = store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
+        self._store_chain = (data, chain)  # the release writes through with the same keys
+        pages, n = store.get(chain, pos)
+        if not n:
+            return node, pos
+        payload = self._pool.data
+        if payload is not None:  # a payload of another size is no page of this cache's: a miss from there
+            size = payload[0].nbytes
+            n = next((i for i, page in enumerate(pages) if page.nbytes != size), n)
+        self._lock_node(node)
+        try:
+            got = min(n, self._pool.num_free + self._cached - self._protected)
+            if got <= 0:
+                return node, pos
+            free = self._pool.num_free
+            if got > free:
+                self._evict(got - free)
+            blocks = self._pool.take(got)
+            if payload is not None:
+                shape = payload.shape[1:]
+                for block, page in zip(blocks.tolist(), pages[:got]):
+                    payload[block] = np.frombuffer(page, dtype=payload.dtype).reshape(shape)
+            try:
+                leaf = self._add_pages(node, data, pos, blocks, self._clock)
+            except BaseException:  # a hook raised: the fetched pages have nowhere to go
+                self._pool.give_back(blocks)
+                raise
+            self.store_hit_blocks += got
+            return leaf, pos + got
+        finally:
+            self._unlock_node(node)
 
     def _copy_in(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int, tenant: Optional[str],
                  namespace: Optional[str]):

@@ -314,6 +314,12 @@ def main() -> None:
                    "replaces the simulated hosts.")
 @click.option("--load-back", default="cost", show_default=True, type=click.Choice(["cost", "always", "never"]),
               help="Load lower-tier hits when transfer beats recompute, always, or never.")
+@click.option("--store", "store_url", default=None, metavar="URL",
+              help="A shared page store read past the cache's own pages and written through at each release: "
+                   "memory (in-process), memory://NAME, or redis://HOST:PORT[/DB] (a server or a cluster).")
+@click.option("--store-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
+              help=f"Pages an in-process --store holds at most (least recently used go first; at most "
+                   f"{CAPACITY_BOUND}).")
 @records_option
 @click.option("--kv-events-endpoint", default=None, metavar="ZMQ",
               help="Publish KV events in vLLM's ZMQ format (e.g. tcp://*:5557), one batch per request.")
@@ -324,7 +330,7 @@ def main() -> None:
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
-               load_back, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
+               load_back, store_url, store_blocks, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
                miss_reasons) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
@@ -333,7 +339,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     With --host-blocks / --remote-hosts / --redis the cache spills to lower tiers; the table and
     the JSON then add hit_tokens_by_tier, bytes_by_link, bytes_by_route and transfer_seconds."""
     from .events.wire import publish_from
-    from .tiers.config import build_cache
+    from .tiers.config import build_cache, open_store
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
@@ -342,9 +348,10 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
+    store = store_for(store_url, store_blocks, page_size)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
-                        load_back=load_back, enable_events=publisher is not None)
+                        load_back=load_back, enable_events=publisher is not None, store=store)
     try:
         with records_writer(records) as on_record, progress(bar_total(reader, quiet), quiet, "replay") as bar, \
                 warnings.catch_warnings():
@@ -374,6 +381,8 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
                                                    "transfer_seconds", "recomputed_tokens", "integrity_misses",
                                                    "dropped_pages", "lost_pages")},
                    **tier_faults(cache.tiers))
+    if store is not None:
+        out.update(store=store_url, store_stats={k: v for k, v in store.stats().items() if isinstance(v, int)})
     if out_fmt == "json":
         show([out], REPLAY_COLUMNS, out_fmt, columns)
     elif out_fmt == "csv" or columns:
@@ -391,6 +400,23 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
     if tiered and (out["lost_hosts"] or out["backend_errors"]):
         click.echo(f"radixkv: warning: {fault_summary(out)}", err=True)
+
+
+def store_for(url: Optional[str], store_blocks: Optional[int], page_size: int):
+    """The page store of ``--store`` (``None`` without one), checked as the flags name it."""
+    from .tiers.config import open_store
+
+    if url is None:
+        if store_blocks is not None:
+            raise ArgumentValueError("--store-blocks needs --store memory (an in-process store)")
+        return None
+    if store_blocks is not None and not url.startswith("memory"):
+        raise ArgumentValueError("--store-blocks bounds an in-process --store; a Redis server is bounded by its "
+                                 "maxmemory")
+    try:
+        return open_store(url, page_size, store_blocks=store_blocks)
+    except ArgumentValueError as exc:
+        raise ArgumentValueError(f"--store: {exc}") from None
 
 
 def check_remote_flags(remote_hosts: int, remote_blocks: int, redis_urls: tuple) -> None:
@@ -802,6 +828,12 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="Share of its blocks a creditor keeps free.")
 @click.option("--lending", default="free", show_default=True, type=click.Choice(["free", "value"]),
               help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
+@click.option("--store", "store_url", default=None, metavar="URL",
+              help="A shared page store read past the cache's own pages and written through at each release: "
+                   "memory (in-process), memory://NAME, or redis://HOST:PORT[/DB] (a server or a cluster).")
+@click.option("--store-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
+              help=f"Pages an in-process --store holds at most (least recently used go first; at most "
+                   f"{CAPACITY_BOUND}).")
 @click.option("--global-index/--no-global-index", default=False, show_default=True,
               help="Index every instance's HBM pages cluster-wide: a request pulls the pages past its own hit "
                    "from the peer that holds them (hits charged a network transfer).")
@@ -816,7 +848,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
-                lend_cap, low_watermark, lending, global_index, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
+                lend_cap, low_watermark, lending, store_url, store_blocks, global_index, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
                 skip_bad, quiet, records, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
 
@@ -835,7 +867,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                                  f"HBM blocks; a cluster may have at most {spell(MAX_CLUSTER_BLOCKS)} in all")
     cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                       routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
-                      global_index=global_index)
+                      global_index=global_index, **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
         result = cluster.replay(reader, on_request=lambda r, h: bar.update(), miss_reasons=miss_reasons,
@@ -847,6 +879,11 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if out_fmt == "table" and not columns:
         click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
+        if store_url is not None:
+            st = result.store_stats
+            click.echo(f"shared store: {result.store_hit_tokens:,} tokens served, {st.get('pages_written', 0):,} "
+                       f"pages written, {st.get('round_trips', 0):,} round trips, "
+                       f"{st.get('integrity_misses', 0):,} integrity misses, {st.get('backend_errors', 0):,} errors")
         if global_index:
             click.echo(f"pulled from peers: {result.peer_hit_tokens:,} tokens ({result.pages_pulled:,} pages), "
                        f"{result.peer_transfer_seconds:,.1f} s of transfer\n"
@@ -855,6 +892,14 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         show_savings(out, out_fmt)
     if reader.skipped and out_fmt != "json":
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
+def cluster_store(url: Optional[str], store_blocks: Optional[int]) -> dict:
+    """``Cluster``'s store arguments from ``--store`` / ``--store-blocks``, checked as the flags name them."""
+    if url is None and store_blocks is None:
+        return {}
+    store_for(url, store_blocks, 1)  # the flags' checks; the cluster opens one per instance
+    return {"store": url, "store_blocks": store_blocks}
 
 
 CLUSTER_COLUMNS = ["routing", "borrowing", "instances", "num_blocks", "capacity_tokens", "hit_tokens",

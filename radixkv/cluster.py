@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import math
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -53,6 +54,8 @@ from .tiers.base import SLOT_DTYPE, Tier, TierConfigError
 from .tiers.host import HostTier
 from .tiers.lending import BorrowedTier
 from .tiers.tiered import TieredCache
+from .tiers.config import open_store
+from .store import drop_memory
 from .global_index import GlobalPageIndex
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
@@ -406,6 +409,10 @@ class ClusterResult:
             its network transfer time (the cost model's ``peer`` path, subtracted from the TTFT
             saving); index_us_per_request: wall time keying and looking up each request in the
             index; index_pages: pages in the index at the end.
+        store: the shared page store's URL (``None``: none); store_hit_tokens: tokens served from it
+            (also in ``hit_tokens_by_tier["store"]``, charged the cost model's ``store`` path);
+            store_stats: its counters summed over the instances (round trips, hits, integrity
+            misses, backend errors, pages written, ...).
     """
 
     routing: str
@@ -439,6 +446,9 @@ class ClusterResult:
     prefill_flops_saved: int = 0
     evicted_blocks: int = 0
     global_index: bool = False
+    store: Optional[str] = None
+    store_hit_tokens: int = 0
+    store_stats: Dict[str, int] = field(default_factory=dict)
     peer_hit_tokens: int = 0
     pages_pulled: int = 0
     peer_transfer_seconds: float = 0.0
@@ -473,6 +483,10 @@ class Cluster:
         load_back: as :class:`~radixkv.tiers.TieredCache` (default ``"always"``).
         balance: cache-aware routing considers only instances whose load (prefill tokens
             computed) is at most ``(1 + balance)`` x the least loaded one's plus this request.
+        store, store_blocks: a shared page store every instance opens (:func:`~radixkv.tiers.config.open_store`:
+            ``"memory"`` for one in-process store of this cluster's, ``memory://NAME``, ``redis://...``),
+            read past each instance's own pages and written through at each release; ``store_blocks``
+            bounds an in-process one.
         global_index: keep a cluster-wide index of every instance's HBM pages
             (:class:`~radixkv.global_index.GlobalPageIndex`): an admission whose pages past its own
             hit another instance holds pulls them from that peer (:attr:`last_pull`) instead of
@@ -484,7 +498,8 @@ class Cluster:
                  lend_cap: float = 0.5, low_watermark: float = 0.05, candidates: int = 2,
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
                  load_back: str = "always", balance: float = 0.1, lending: str = "free",
-                 lend_margin: float = 2.0, global_index: bool = False) -> None:
+                 lend_margin: float = 2.0, global_index: bool = False, store: Optional[str] = None,
+                 store_blocks: Optional[int] = None) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -514,10 +529,17 @@ class Cluster:
         self.instances: List[Instance] = []
         self.manager = GlobalManager(self.instances, num_instances, num_blocks, lend_cap, low_watermark, candidates,
                                      by_value=self.borrowing and lending == "value", lend_margin=lend_margin)
+        self.store_url = store
+        if store == "memory":  # one in-process store for the whole fleet, its own, gone with the cluster
+            store = f"memory://radixkv-cluster-{id(self):x}"
+            weakref.finalize(self, drop_memory, store[len("memory://"):])
         for i in range(num_instances):
             borrowed = BorrowedTier(self.manager, i) if borrowing else None
             tiers: List[Tier] = [t for t in (borrowed, HostTier(host_blocks, policy) if host_blocks else None) if t]
-            cache = TieredCache(num_blocks, page_size, policy, kv_shape, dtype, tiers=tiers, load_back=load_back)
+            shared = (open_store(store, page_size, kv_shape=kv_shape, dtype=dtype, store_blocks=store_blocks)
+                      if store is not None else None)
+            cache = TieredCache(num_blocks, page_size, policy, kv_shape, dtype, tiers=tiers, load_back=load_back,
+                                store=shared)
             self.instances.append(Instance(i, cache, borrowed))
         for i in range(num_instances):
             self.manager.heartbeat(i)
@@ -693,6 +715,7 @@ class Cluster:
             wall_seconds=time.perf_counter() - start, miss_tokens_by_reason=misses, model=stats[0].model.name,
             hardware=stats[0].hardware.name, prefill_flops_saved=sum(st.prefill_flops_saved for st in stats),
             evicted_blocks=sum(st.evicted_blocks for st in stats), global_index=self.index is not None,
+            store=self.store_url, store_hit_tokens=by_tier.get("store", 0), store_stats=self._store_stats(),
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
             index_pages=len(self.index) if self.index is not None else 0)
@@ -710,7 +733,8 @@ class Cluster:
             other[0] = stats[i].other_pages(self.instances[i].cache, request) if miss_reasons else 0
 
         for request in requests:
-            before = [inst.cache.hit_tokens_by_tier for inst in self.instances] if self.borrowing else None
+            before = ([inst.cache.hit_tokens_by_tier for inst in self.instances]
+                      if self.borrowing or self.store_url is not None else None)
             counters = [(inst.cache.evicted_blocks, inst.cache.declined_blocks) for inst in self.instances]
             i, a = self.admit(request.tokens, namespace=request.namespace, on_routed=routed)
             a.release()
@@ -737,6 +761,17 @@ class Cluster:
             count += 1
         self._peer_seconds = peer_seconds
         return count, borrowed_seconds, seconds0
+
+    def _store_stats(self) -> Dict[str, int]:
+        """The instances' page-store counters, summed (empty without a store)."""
+        totals: Dict[str, int] = {}
+        for inst in self.instances:
+            store = inst.cache.store
+            if store is not None:
+                for name, value in store.stats().items():
+                    if isinstance(value, int) and not isinstance(value, bool):
+                        totals[name] = totals.get(name, 0) + value
+        return totals
 
     def crash(self, index: int) -> int:
         """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+import itertools
+import weakref
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
 
 from ..cache import PrefixCache
+from ..errors import ArgumentValueError
 from ..keys import check_positive_int
 from .base import Tier, TierConfigError
 from .tiered import WRITE_POLICIES, TieredCache
@@ -12,16 +17,50 @@ from .host import HostTier
 from .remote import RemoteTier
 
 
+_FRESH = itertools.count()
+
+
+def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = None, dtype: Any = "float16",
+               model: str = "radixkv", store_blocks: Optional[int] = None) -> Any:
+    """A :class:`radixkv.store.PageStore` at ``url`` for caches of ``page_size`` (and ``kv_shape`` /
+    ``dtype`` payloads; without one, the pages carry no payload and the fingerprint says so).
+
+    ``url`` is ``memory`` (a new in-process store of its own), ``memory://NAME`` (shared by name
+    in this process), or ``redis://HOST:PORT[/DB]`` (a server or a cluster, shared by every
+    process that opens it). ``store_blocks`` bounds an in-process store (least recently used
+    pages go first); a Redis server is bounded by its own ``maxmemory``. Raises
+    ArgumentValueError for a URL it cannot use or a bound it cannot apply.
+    """
+    from ..store import Fingerprint, PageStore, drop_memory
+
+    fresh = url == "memory"
+    if fresh:
+        url = f"memory://radixkv-{next(_FRESH)}-{id(_FRESH):x}"
+    if store_blocks is not None:
+        check_positive_int(store_blocks, "store_blocks")
+        if not url.startswith("memory://"):
+            raise ArgumentValueError("store_blocks bounds an in-process store; a Redis server is bounded by its "
+                                     "maxmemory")
+        url += ("&" if "?" in url else "?") + f"capacity={store_blocks}"
+    fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
+                              page_size=page_size, extra="" if kv_shape else "no payload")
+    store = PageStore.open(url, fingerprint=fingerprint)
+    if fresh:  # its own: its pages go with it
+        weakref.finalize(store, drop_memory, url[len("memory://"):].split("?")[0])
+    return store
+
+
 def build_cache(num_blocks: int, page_size: int = 16, policy: str = "lru", *, host_blocks: int = 0,
                 write_policy: str = "write_back", remote_hosts: int = 0, remote_blocks: int = 0,
                 redis_urls: Sequence[str] = (), load_back: str = "cost",
                 kv_shape: Optional[Sequence[int]] = None,
-                enable_events: bool = False) -> Union[PrefixCache, TieredCache]:
-    """A plain :class:`PrefixCache` when no tier is asked for, else a :class:`TieredCache`.
+                enable_events: bool = False, store: Optional[Any] = None) -> Union[PrefixCache, TieredCache]:
+    """A plain :class:`PrefixCache` when no tier (and no store) is asked for, else a :class:`TieredCache`.
 
     ``host_blocks`` > 0 adds a host tier; ``remote_hosts`` x ``remote_blocks`` adds a
     remote tier (in-process), or one Redis server per URL in ``redis_urls`` with
-    ``remote_blocks`` slots each. Raises :class:`TierConfigError` / ``TypeError`` on bad values.
+    ``remote_blocks`` slots each; ``store`` (:func:`open_store`) shares pages with every
+    cache that opens the same store. Raises :class:`TierConfigError` / ``TypeError`` on bad values.
     """
     host_blocks = check_positive_int(host_blocks, "host_blocks", allow_zero=True)
     remote_hosts = check_positive_int(remote_hosts, "remote_hosts", allow_zero=True)
@@ -43,7 +82,7 @@ def build_cache(num_blocks: int, page_size: int = 16, policy: str = "lru", *, ho
         tiers.append(RemoteTier(remote_blocks, backend=RedisBackend(urls), policy=policy))
     elif remote_hosts:
         tiers.append(RemoteTier(remote_blocks, num_hosts=remote_hosts, policy=policy))
-    if not tiers and write_policy == "write_back":
+    if not tiers and write_policy == "write_back" and store is None:
         return PrefixCache(num_blocks, page_size, policy, kv_shape, enable_events=enable_events)
     return TieredCache(num_blocks, page_size, policy, kv_shape, tiers=tiers, write_policy=write_policy,
-                       load_back=load_back, enable_events=enable_events)
+                       load_back=load_back, enable_events=enable_events, store=store)

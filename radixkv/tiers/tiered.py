@@ -57,7 +57,7 @@ WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 LOAD_BACK = ("cost", "always", "never")
 
 #: Tier paths of the default cost model: costs' defaults plus ``borrowed`` (a peer's HBM, one network hop).
-TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",), "peer": ("network",)}
+TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",), "peer": ("network",), "store": ("network", "pcie")}
 
 
 def default_cost_model(page_size: int) -> CostModel:
@@ -577,7 +577,10 @@ class TieredCache(PrefixCache):
     @property
     def hit_tokens_by_tier(self) -> Dict[str, int]:
         """Tokens served per tier since creation, by every match and admission (see :class:`TierStats`). O(tiers)."""
-        return {name: pages * self.page_size for name, pages in self._layer.hit_pages.items()}
+        by_tier = {name: pages * self.page_size for name, pages in self._layer.hit_pages.items()}
+        if self.store is not None:
+            by_tier["store"] = self.store_hit_blocks * self.page_size
+        return by_tier
 
     @property
     def transfers(self) -> TransferTotals:

@@ -18,6 +18,8 @@ pages were evicted later (the last test's script).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -116,7 +118,8 @@ def assert_indistinguishable(sharing, policy, capacity, host, game):
 RULES = ["isolated", "k-anonymous", "adaptive"]
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1500 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), sharing=st.sampled_from(RULES), policy=st.sampled_from(ONLINE), host=st.sampled_from([0, 6]))
 def test_the_attacker_observes_the_same_in_both_worlds(data, sharing, policy, host):
     capacity = data.draw(st.integers(4, 8), label="capacity")

@@ -21,6 +21,7 @@ LAYERS = [
     {"pool", "victims", "capacity", "tenancy", "copies"},
     {"policies"},
     {"events"},
+    {"store"},
     {"lower"},
     {"cache"},
     {"tiers"},
