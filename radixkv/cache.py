@@ -1292,12 +1292,14 @@ class PrefixCache:
     def _store_in(self, root: Root, data: bytes, num_pages: int, node: Node, pos: int):
         """Continue a match that reached page ``pos`` (``node``) with the pages the shared page store
         holds under the same tokens in the same partition: one verified round trip for the rest
-        of the request's chain, stopping at the first gap; the pages are cached in blocks the
-        engine frees and takes itself, as a load from a lower tier would. O(pages) hashing once."""
+        of the request's chain, stopping at the first gap, which also refreshes the store's
+        recency of the pages before ``pos`` (an LRU-bounded store keeps what the fleet uses);
+        the pages are cached in blocks the engine frees and takes itself, as a load from a lower
+        tier would. O(pages) hashing once."""
         store = self._store
         chain = store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
         self._store_chain = (data, chain)  # the release writes through with the same keys
-        pages, n = store.get(chain, pos)
+        pages, n = store.get(chain, pos, touch=True)  # the pages held already stay recent in the store
         if not n:
             return node, pos
         payload = self._pool.data

@@ -89,7 +89,9 @@ class Backend(Protocol):
     def exists(self, keys: Sequence[bytes]) -> Reply:
         """Whether each key is present; may answer ``False`` for every key after the first absent one."""
 
-    def get(self, keys: Sequence[bytes]) -> Reply: ...
+    def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
+        """The values of ``keys`` (``None`` where absent), one round trip; ``touch``: keys whose
+        recency is refreshed in the same round trip (the pages a reader holds already)."""
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
         """Store each value unless its key exists (first writer wins)."""
@@ -162,11 +164,14 @@ class MemoryBackend:
         with self._lock:
             return Reply([k in data for k in keys], 1)
 
-    def get(self, keys: Sequence[bytes]) -> Reply:
+    def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
         if not self.available:
             return self._down(len(keys))
         data = self._data
         with self._lock:
+            for k in touch:
+                if k in data:
+                    data.move_to_end(k)
             values = [data.get(k) for k in keys]
             for k, v in zip(keys, values):
                 if v is not None:

@@ -128,8 +128,18 @@ class _Server:
             self.scripts = False  # scripting disabled, denied, or too old for the flags: pipelines from now on
             return None, 1
 
-    def get(self, keys: Sequence[bytes]) -> Reply:
-        return self._run(len(keys), lambda: (self._client.mget(keys), 1))
+    def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
+        if not touch:
+            return self._run(len(keys), lambda: (self._client.mget(keys), 1))
+
+        def touch_and_get() -> Tuple[List[Any], int]:  # TOUCH and MGET in one pipeline: one round trip
+            pipe = self._client.pipeline(transaction=False)
+            pipe.touch(*touch)
+            pipe.mget(keys)
+            replies = pipe.execute(raise_on_error=False)
+            got = replies[-1]
+            return ([got] * len(keys) if isinstance(got, Exception) else got), 1
+        return self._run(len(keys), touch_and_get)
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
         def write() -> Tuple[List[Any], int]:
@@ -228,7 +238,9 @@ class _Cluster:
     def exists(self, keys: Sequence[bytes]) -> Reply:
         return self._fan(keys, lambda pipe, idx: [pipe.exists(keys[i]) for i in idx], bool)
 
-    def get(self, keys: Sequence[bytes]) -> Reply:
+    def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
+        if touch:  # one more pipeline per node holding them: recency only, its failures change nothing
+            self._fan(touch, lambda pipe, idx: [pipe.touch(touch[i]) for i in idx], lambda v: v)
         return self._fan(keys, lambda pipe, idx: [pipe.get(keys[i]) for i in idx], lambda v: v)
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
@@ -344,8 +356,8 @@ class RedisPages:
     def exists(self, keys: Sequence[bytes]) -> Reply:
         return self._call("exists", keys)
 
-    def get(self, keys: Sequence[bytes]) -> Reply:
-        return self._call("get", keys)
+    def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
+        return self._call("get", keys, touch)
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
         return self._call("set_nx", keys, values)

@@ -115,7 +115,7 @@ class PageStore:
         self._account(reply, lookups=1, lookup_pages=n)
         return n
 
-    def get(self, chain: Sequence[bytes], start: int = 0) -> Tuple[List[memoryview], int]:
+    def get(self, chain: Sequence[bytes], start: int = 0, touch: bool = False) -> Tuple[List[memoryview], int]:
         """The verified payloads of ``chain[start:]``'s leading pages, and how many there are.
 
         A page is served only if it and every page before it (from
@@ -126,12 +126,16 @@ class PageStore:
         (``bytes(view)`` copies one; ``numpy.frombuffer`` reads it in place).
         Cost: one round trip fetching every page of ``chain[start:]``, one
         SHA-256 pass over each served payload. A backend failure serves nothing.
+        With ``touch`` the pages before ``start`` (which the reader holds) are made
+        recently used in the same round trip (``TOUCH``): an LRU-bounded store then
+        keeps what the fleet uses, not only what it reads from the store.
         """
         keys, start = self.keys.check(chain, start)
+        held = keys[:start] if touch else ()
         keys = keys[start:]
         if not keys:
             return [], 0
-        reply = self.backend.get(keys)
+        reply = self.backend.get(keys, held) if held else self.backend.get(keys)
         pages: List[memoryview] = []
         bad: Optional[bytes] = None
         fp, cut = self._fp, self._cut

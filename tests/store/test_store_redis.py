@@ -276,3 +276,23 @@ def test_writes_refused_at_maxmemory_fail_only_those_pages(redis_server):
     assert "maxmemory" in str(store.last_error)
     assert store.get(kept)[1] == 4 and store.lookup(kept) == 4  # reads go on at OOM, the script too
     assert store.stats()["lookup"] == "script"
+
+
+def test_a_get_touches_the_pages_its_reader_holds_in_the_same_round_trip(redis_server, memory_url):
+    """``get(chain, start, touch=True)``: the pages before ``start`` become recently used (TOUCH), so an
+    LRU-bounded store keeps what the fleet uses from its own HBM too; still one round trip."""
+    for url in (redis_server.url, memory_url):
+        store = PageStore.open(url, FP)
+        chain = store.chain(list(range(64)))  # 4 pages at page size 16
+        store.put(chain, [b"p"] * 4)
+        if url == redis_server.url:
+            client = raw(redis_server)
+            time.sleep(1.1)  # OBJECT IDLETIME counts whole seconds
+            before = client.object("idletime", chain[0])
+        trips = store.stats()["round_trips"]
+        pages, n = store.get(chain, 2, touch=True)
+        assert n == 2 and store.stats()["round_trips"] == trips + 1
+        if url == redis_server.url:
+            assert before >= 1 and client.object("idletime", chain[0]) == 0
+        else:
+            assert store.backend.keys()[-4:-2] == chain[:2]  # touched, then the pages read
