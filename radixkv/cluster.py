@@ -38,7 +38,7 @@ import math
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -459,6 +459,57 @@ class ClusterResult:
         return asdict(self)
 
 
+def sum_counts(counts: Iterable[Mapping[str, int]]) -> Dict[str, int]:
+    """Counters summed by name over ``counts``, in the order names first appear. O(total entries)."""
+    totals: Dict[str, int] = {}
+    for c in counts:
+        for name, value in c.items():
+            totals[name] = totals.get(name, 0) + value
+    return totals
+
+
+def store_counters(store) -> Dict[str, int]:
+    """The integer counters of a page store's ``stats()`` (empty for ``None``): what a fleet sums over its
+    instances (a backend's text fields, its URL and kind, are left out)."""
+    if store is None:
+        return {}
+    return {name: value for name, value in store.stats().items()
+            if isinstance(value, int) and not isinstance(value, bool)}
+
+
+def stats_totals(stats: Sequence[ReplayStats]) -> Dict[str, object]:
+    """The :class:`ClusterResult` fields that sum the instances' :class:`~radixkv.analysis.stats.ReplayStats`
+    (prompt and hit tokens, hit rate, misses by reason, TTFT saving, FLOPs saved, evictions, and the
+    model and hardware they were priced for), as keyword arguments. O(instances)."""
+    prompt = sum(st.prompt_tokens for st in stats)
+    hits = sum(st.hit_tokens for st in stats)
+    return dict(prompt_tokens=prompt, hit_tokens=hits, token_hit_rate=hits / prompt if prompt else 0.0,
+                ttft_saving_seconds=sum(st.ttft_saving_seconds for st in stats),
+                miss_tokens_by_reason=sum_counts(st.miss_tokens_by_reason for st in stats),
+                model=stats[0].model.name, hardware=stats[0].hardware.name,
+                prefill_flops_saved=sum(st.prefill_flops_saved for st in stats),
+                evicted_blocks=sum(st.evicted_blocks for st in stats))
+
+
+def count_request(stats: ReplayStats, request: Request, hit_tokens: int, new_pages: int, declined: int, evicted: int,
+                  other_pages: int, loaded: Optional[Dict[str, int]], index: int, instance: int,
+                  on_request: Optional[Callable[[Request, int], None]],
+                  on_record: Optional[Callable[[RequestRecord, int], None]]) -> None:
+    """Count one served request in the ``stats`` of the ``instance`` that served it, then tell ``on_request``
+    and ``on_record`` (its record, ``index`` in trace order), as :meth:`Cluster.replay` documents.
+
+    The one per-request accounting of a fleet, whether its instances live in this process
+    (:meth:`Cluster.replay`) or in processes of their own (:mod:`radixkv.fleet`, fed with what
+    each process reports). ``loaded``: hit pages per lower tier. Cost: :meth:`ReplayStats.add`.
+    """
+    record = stats.add(request, hit_tokens, new_pages, declined, evicted, other_pages, loaded_pages=loaded,
+                       want_record=on_record is not None)
+    if on_request is not None:
+        on_request(request, hit_tokens)
+    if record is not None:
+        on_record(dataclasses.replace(record, index=index), instance)
+
+
 class Cluster:
     """``num_instances`` caches of ``num_blocks`` HBM blocks each, a global manager, and a router.
 
@@ -683,17 +734,8 @@ class Cluster:
         finally:
             for inst, st in zip(self.instances, stats):
                 st.detach(inst.cache)
-        prompt = sum(st.prompt_tokens for st in stats)
-        hits = sum(st.hit_tokens for st in stats)
-        misses: Dict[str, int] = {}
-        for st in stats:
-            for reason, tokens in st.miss_tokens_by_reason.items():
-                misses[reason] = misses.get(reason, 0) + tokens
-        by_tier: Dict[str, int] = {}
+        by_tier = sum_counts(inst.cache.hit_tokens_by_tier for inst in self.instances)
         links: Dict[str, int] = {}
-        for inst in self.instances:
-            for k, v in inst.cache.hit_tokens_by_tier.items():
-                by_tier[k] = by_tier.get(k, 0) + v
         pulled = self.pulled_pages - pulled0
         if self.index is not None:
             by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
@@ -703,18 +745,15 @@ class Cluster:
         page_bytes = self.instances[0].cache.page_bytes
         return ClusterResult(
             routing=self.routing, borrowing=self.borrowing, instances=len(self.instances),
-            num_blocks=self.instances[0].cache.num_blocks, requests=count, prompt_tokens=prompt,
-            hit_tokens=hits, token_hit_rate=hits / prompt if prompt else 0.0, hit_tokens_by_tier=by_tier,
+            num_blocks=self.instances[0].cache.num_blocks, requests=count, hit_tokens_by_tier=by_tier,
             requests_by_instance=[inst.requests for inst in self.instances], blocks_lent=m.blocks_lent,
             bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
             pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
             lending=self.lending, pages_evicted_to_lend=m.evicted_to_lend,
             borrowed_hit_tokens=by_tier.get("borrowed", 0), borrowed_transfer_seconds=borrowed_seconds,
-            ttft_saving_seconds=sum(st.ttft_saving_seconds for st in stats), manager_seconds=m.seconds - seconds0,
+            manager_seconds=m.seconds - seconds0,
             manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
-            wall_seconds=time.perf_counter() - start, miss_tokens_by_reason=misses, model=stats[0].model.name,
-            hardware=stats[0].hardware.name, prefill_flops_saved=sum(st.prefill_flops_saved for st in stats),
-            evicted_blocks=sum(st.evicted_blocks for st in stats), global_index=self.index is not None,
+            wall_seconds=time.perf_counter() - start, **stats_totals(stats), global_index=self.index is not None,
             store=self.store_url, store_hit_tokens=by_tier.get("store", 0), store_stats=self._store_stats(),
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
@@ -751,27 +790,15 @@ class Cluster:
                 hit += pulled * self.page_size
                 loaded = {**(loaded or {}), "peer": pulled}
                 peer_seconds += st.costs.transfer_seconds("peer", pulled * st.costs.page_bytes)
-            record = st.add(request, hit, a.num_new_pages, cache.declined_blocks - counters[i][1],
-                            cache.evicted_blocks - counters[i][0], other[0], loaded_pages=loaded,
-                            want_record=on_record is not None)
-            if on_request is not None:
-                on_request(request, hit)
-            if record is not None:
-                on_record(dataclasses.replace(record, index=count), i)
+            count_request(st, request, hit, a.num_new_pages, cache.declined_blocks - counters[i][1],
+                          cache.evicted_blocks - counters[i][0], other[0], loaded, count, i, on_request, on_record)
             count += 1
         self._peer_seconds = peer_seconds
         return count, borrowed_seconds, seconds0
 
     def _store_stats(self) -> Dict[str, int]:
         """The instances' page-store counters, summed (empty without a store)."""
-        totals: Dict[str, int] = {}
-        for inst in self.instances:
-            store = inst.cache.store
-            if store is not None:
-                for name, value in store.stats().items():
-                    if isinstance(value, int) and not isinstance(value, bool):
-                        totals[name] = totals.get(name, 0) + value
-        return totals
+        return sum_counts(store_counters(inst.cache.store) for inst in self.instances)
 
     def crash(self, index: int) -> int:
         """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.
