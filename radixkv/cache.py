@@ -965,6 +965,11 @@ class PrefixCache:
         finish(aborted)
         if written:
             blocks = extents.to_array(new)
+            # Only pages whose whole prefix holds KV: a batch mate's pages above them may still be
+            # unwritten (and may yet abort), and the store cannot take a page back.
+            blocks = blocks[: max(0, self._settled(root, data, start + len(blocks)) - start)]
+            if not len(blocks):
+                return
             if chain is None:
                 chain = self._store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
             payload = self._pool.data
@@ -1696,11 +1701,20 @@ class PrefixCache:
         for n in subtree:  # grows while iterated: parents before children
             if n.children:
                 subtree.extend(n.children.values())
+        # A hook that raises while the locks go (a policy's priority, re-ranking a leaf) must not stop
+        # the abort half way: the pages never held KV, so they leave all the same, then it raises.
+        unlock_error = None
         for n in subtree:
             if self._pins and n in self._pins:
                 for _ in range(self._pins.pop(n)):
-                    self._unlock_node(n)
-        self._release_admission(node)
+                    try:
+                        self._unlock_node(n)
+                    except BaseException as exc:
+                        unlock_error = unlock_error or exc
+        try:
+            self._release_admission(node)
+        except BaseException as exc:
+            unlock_error = unlock_error or exc
         lower_error = None
         try:  # a lower tier's policy that raises: the pages leave HBM all the same (they never held KV)
             self._forget_below(top)
@@ -1725,7 +1739,7 @@ class PrefixCache:
         # A hook that raises (an observer, the policy's on_evict) is re-raised once every node is
         # accounted for and the freed blocks are back: the abort itself always completes.
         error = self._tell_removed(np.concatenate([n.blocks for n in subtree]))
-        error = lower_error or error
+        error = unlock_error or lower_error or error
         freed = []
         on_evict = self._on_evict
         for n in subtree:
@@ -1736,6 +1750,8 @@ class PrefixCache:
                 self._expiry.pop(n, None)
             if self._unwritten_nodes:
                 self._unwritten_nodes.pop(n, None)
+            if self._unranked:
+                self._unranked.pop(n, None)
             if on_evict is not None:
                 try:
                     on_evict(n, n.num_pages, None)

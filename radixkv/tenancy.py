@@ -36,8 +36,11 @@ k-anonymous: at least ``k`` distinct other tenants asked for every one of
 them), the way a load from a lower tier would. The engine copies them into new
 blocks of the tenant's own partition (:meth:`radixkv.cache.PrefixCache.admit`),
 so later requests hit its own copy. Who asked for a page is kept per page
-identity (its namespace-salted 64-bit prefix key), for at most ``max_pages``
-pages, least recently asked forgotten first; forgetting only refuses more.
+identity (its namespace-salted 64-bit prefix key) until ``horizon`` released
+requests have passed without anyone asking for it: a record's life depends on the
+asks of its own page only, so what is forgotten never depends on another tenant's
+prompts (a bound by count would: a new page's record would push out another's),
+and forgetting only refuses more.
 
 Which entry points take a tenant: ``match``, ``admit`` and ``insert`` (and the
 adapters' faces that call them). These are tenant-blind and must not face a
@@ -52,10 +55,10 @@ tenant's partitions, each hashed with its own salt).
 from __future__ import annotations
 
 import inspect
+from collections import OrderedDict
 from typing import Any, Dict, Hashable, List, Optional, Tuple, Type, Union
 
 import numpy as np
-from cachetools import LRUCache
 
 from .errors import ArgumentTypeError, ArgumentValueError
 from .keys import check_int, check_namespace
@@ -68,11 +71,9 @@ DEFAULT_K = 3
 DEFAULT_BUDGET = 2
 """Requests ``"adaptive"`` serves beyond k-anonymity before it isolates the tenant."""
 
-DEFAULT_MAX_TENANTS = 65536
-"""Strike counts ``"adaptive"`` keeps at most (the least recently suspect tenant's goes first)."""
-
-DEFAULT_MAX_PAGES = 1 << 20
-"""Page identities ``"k-anonymous"`` keeps askers for at most (about 150 bytes each)."""
+DEFAULT_HORIZON = 1 << 14
+"""Releases after which ``"k-anonymous"`` forgets who asked for a page nobody asked for since (and
+``"adaptive"`` a strike count): records age out by time, never because others' records came in."""
 
 _PUBLIC: Any = object()  # a page's askers once k + 1 distinct tenants asked for it: a copy for all
 
@@ -176,9 +177,10 @@ class KAnonymous(Sharing):
     A tenant *asks* for every page of an admission it releases and of an
     :meth:`~radixkv.cache.PrefixCache.insert`; a match, or an aborted admission,
     asks for nothing. Per page identity at most ``k`` askers are kept; the
-    ``k + 1``-th makes the page public (a copy for all). Memory: at most
-    ``max_pages`` records (least recently used forgotten first, which only
-    refuses more), each up to ``k`` tenant names.
+    ``k + 1``-th makes the page public (a copy for all). A record is forgotten
+    ``horizon`` releases after the last ask of its page (which only refuses
+    more). Memory: the pages asked for in the last ``horizon`` releases, each
+    up to ``k`` tenant names and an int.
 
     Threat model: one attacker tenant learns nothing from hits about prefixes
     fewer than ``k`` other tenants requested: they are never copied to it, and
@@ -196,13 +198,24 @@ class KAnonymous(Sharing):
     name = "k-anonymous"
     copies = True
 
-    def __init__(self, k: int = DEFAULT_K, max_pages: int = DEFAULT_MAX_PAGES) -> None:
+    def __init__(self, k: int = DEFAULT_K, horizon: int = DEFAULT_HORIZON) -> None:
         self.k = check_int(k, "k", minimum=1)
-        self.max_pages = check_int(max_pages, "max_pages", minimum=1)
-        self._asked: LRUCache = LRUCache(maxsize=self.max_pages)  # page key -> tuple of askers (<= k), or _PUBLIC
+        self.horizon = check_int(horizon, "horizon", minimum=1)
+        self._now = 0  # releases asked so far: the records' clock
+        # page key -> (tuple of askers (<= k) or _PUBLIC, the release that last asked), oldest ask first
+        self._asked: "OrderedDict[int, Tuple[Any, int]]" = OrderedDict()
 
     def fresh(self) -> "KAnonymous":
-        return type(self)(k=self.k, max_pages=self.max_pages)
+        return type(self)(k=self.k, horizon=self.horizon)
+
+    def _age(self) -> None:
+        """Forget the records no one asked for in the last ``horizon`` releases. O(records forgotten)."""
+        asked, oldest = self._asked, self._now - self.horizon
+        while asked:
+            key, (_, last) = next(iter(asked.items()))
+            if last > oldest:
+                break
+            del asked[key]
 
     def partition(self, namespace: Optional[str], tenant: Optional[str]) -> Hashable:
         return _tenant_partition(namespace, tenant)
@@ -212,8 +225,11 @@ class KAnonymous(Sharing):
         asked, k = self._asked, self.k
         end = start
         for key in keys[start:held].tolist():
-            who = asked.get(key)
-            if who is None or (who is not _PUBLIC and len(who) - (tenant in who) < k):
+            record = asked.get(key)  # (a read: recency is the asks', not the lookups')
+            if record is None:
+                break
+            who = record[0]
+            if who is not _PUBLIC and len(who) - (tenant in who) < k:
                 break
             end += 1
         return end
@@ -222,32 +238,37 @@ class KAnonymous(Sharing):
         return self._allowed(tenant, keys, start, held), None
 
     def asked(self, tenant: Optional[str], keys: np.ndarray) -> None:
-        # Deepest first: whoever asked for page d asked for every page before it, so a public page
-        # has public pages before it (unless forgotten, which only refuses more) and ends the walk.
-        asked, k = self._asked, self.k
-        for key in reversed(keys.tolist()):
-            who = asked.get(key)
-            if who is _PUBLIC:
-                break
-            if who is None:
-                asked[key] = (tenant,)
-            elif tenant not in who:
-                asked[key] = _PUBLIC if len(who) >= k else who + (tenant,)
+        # Every page of the request is asked for, public ones too: a record's life must depend on
+        # the asks of its own page alone, not on which pages of another tenant's request were new.
+        self._now += 1
+        now, asked, k = self._now, self._asked, self.k
+        for key in keys.tolist():
+            record = asked.pop(key, None)
+            if record is None:
+                who = (tenant,)
+            else:
+                who = record[0]
+                if who is not _PUBLIC and tenant not in who:
+                    who = _PUBLIC if len(who) >= k else who + (tenant,)
+            asked[key] = (who, now)
+        self._age()
 
     def check(self) -> None:
-        assert len(self._asked) <= self.max_pages, f"{self.name}: {len(self._asked)} records > {self.max_pages}"
-        for key, who in self._asked.items():
+        last = self._now - self.horizon
+        for key, (who, at) in self._asked.items():
             assert who is _PUBLIC or (0 < len(who) <= self.k and len(set(who)) == len(who)), (
                 f"{self.name}: page {key} records {who!r} (at most k={self.k} distinct tenants before public)")
+            assert last <= at <= self._now, f"{self.name}: page {key} asked at {at}, now {self._now}"
+            last = at  # oldest ask first
 
     def askers(self, key: int) -> Optional[frozenset]:
         """The tenants recorded as asking for the page with identity ``key`` (``None`` once public;
         empty when none). O(k)."""
-        who = self._asked.get(key, ())
+        who = self._asked.get(key, ((),))[0]
         return None if who is _PUBLIC else frozenset(who)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(k={self.k})"
+        return f"{type(self).__name__}(k={self.k}, horizon={self.horizon})"
 
 
 class Adaptive(KAnonymous):
@@ -259,12 +280,11 @@ class Adaptive(KAnonymous):
     than ``k`` other tenants asked for, which honest tenants seldom need
     (public prefixes become public after ``k`` askers) and a prober needs for
     every confirmation. Once a tenant spent its budget it is served as under
-    k-anonymity for good. Memory: the k-anonymous records plus the strike
-    counts of at most ``max_tenants`` tenants, the least recently suspect one
-    forgotten first (O(1) per suspect request). A forgotten tenant starts again
-    with a full budget, as a new account would: pushing one account out takes
-    ``max_tenants`` other suspect accounts, whose budgets confirm more than the
-    reset gives back.
+    k-anonymity until ``horizon`` releases pass with no suspect request of its
+    own. Memory: the k-anonymous records plus a strike count per tenant that
+    was suspect in the last ``horizon`` releases (O(1) per suspect request). A
+    count ages out by time alone, never because other tenants were suspect:
+    another tenant's traffic cannot hand a prober a fresh budget.
 
     Threat model: one attacker tenant confirms at most ``budget`` prefixes it
     could not have learned under k-anonymity (each suspect request confirms
@@ -276,39 +296,52 @@ class Adaptive(KAnonymous):
 
     name = "adaptive"
 
-    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET, max_tenants: int = DEFAULT_MAX_TENANTS,
-                 max_pages: int = DEFAULT_MAX_PAGES) -> None:
-        super().__init__(k, max_pages)
+    def __init__(self, k: int = DEFAULT_K, budget: int = DEFAULT_BUDGET, horizon: int = DEFAULT_HORIZON) -> None:
+        super().__init__(k, horizon)
         self.budget = check_int(budget, "budget", minimum=0)
-        self.max_tenants = check_int(max_tenants, "max_tenants", minimum=1)
-        # tenant -> suspect requests served in full; an LRU map so the memory has a bound
-        self._strikes: LRUCache = LRUCache(maxsize=self.max_tenants)
+        # tenant -> (suspect requests served in full, the release clock of its last one), oldest first
+        self._strikes: "OrderedDict[Optional[str], Tuple[int, int]]" = OrderedDict()
 
     def fresh(self) -> "Adaptive":
-        return type(self)(k=self.k, budget=self.budget, max_tenants=self.max_tenants, max_pages=self.max_pages)
+        return type(self)(k=self.k, budget=self.budget, horizon=self.horizon)
+
+    def _spent(self, tenant: Optional[str]) -> int:
+        """``tenant``'s strikes, once the counts no suspect request renewed in ``horizon`` releases went."""
+        strikes, oldest = self._strikes, self._now - self.horizon
+        while strikes:
+            who, (_, last) = next(iter(strikes.items()))
+            if last > oldest:
+                break
+            del strikes[who]
+        return strikes.get(tenant, (0, 0))[0]
 
     def serve_copies(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> Tuple[int, Any]:
         end = self._allowed(tenant, keys, start, held)
-        if end < held and self._strikes.get(tenant, 0) < self.budget:
+        if end < held and self._spent(tenant) < self.budget:
             return held, True  # suspect, within its budget: served in full
         return end, False
 
     def served(self, tenant: Optional[str], decision: Any) -> None:
         # counted when served, not at release: admissions held open, or matches, spend it too
         if decision:
-            self._strikes[tenant] = self._strikes.get(tenant, 0) + 1
+            count = self._strikes.pop(tenant, (0, 0))[0]
+            self._strikes[tenant] = (count + 1, self._now)
 
     def isolated_tenants(self) -> List[Optional[str]]:
         """Tenants that spent their budget (served k-anonymously from now on). O(suspect tenants)."""
-        return [t for t, n in self._strikes.items() if n >= self.budget]
+        self._spent(None)
+        return [t for t, (n, _) in self._strikes.items() if n >= self.budget]
 
     def check(self) -> None:
         super().check()
-        assert len(self._strikes) <= self.max_tenants, (
-            f"{self.name}: {len(self._strikes)} strike counts, over max_tenants={self.max_tenants}")
+        last = None
+        for tenant, (count, at) in self._strikes.items():
+            assert 0 < count and at <= self._now and (last is None or at >= last), (
+                f"{self.name}: strikes of {tenant!r}: {count} at {at}")
+            last = at
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(k={self.k}, budget={self.budget}, max_tenants={self.max_tenants})"
+        return f"{type(self).__name__}(k={self.k}, budget={self.budget}, horizon={self.horizon})"
 
 
 _RULES: Dict[str, Type[Sharing]] = {cls.name: cls for cls in (Shared, Isolated, KAnonymous, Adaptive)}

@@ -244,23 +244,25 @@ def test_create_names_the_rules_and_options():
         create(3)
 
 
-def test_adaptive_keeps_strike_counts_of_at_most_max_tenants():
-    """Every prober that ever was suspect used to keep a count forever; the table now has a bound,
-    the least recently suspect tenant forgotten first."""
-    rule = Adaptive(k=3, budget=1, max_tenants=2)
+def test_adaptive_strike_counts_age_out_by_time_alone():
+    """Every prober that ever was suspect used to keep a count forever; a count now goes once
+    ``horizon`` releases passed since its tenant's last suspect request, whatever others do."""
+    rule = Adaptive(k=3, budget=1, horizon=3)
     cache = PrefixCache(64, page_size=PAGE, sharing=rule)
     cache.admit(tokens((1, 1)), tenant="victim").release()
-    for prober in ("p0", "p1", "p2", "p3"):
+    for prober in ("p0", "p1"):
         assert cache.match(tokens((1, 1)), tenant=prober).num_tokens == 4  # its budget: one suspect hit
         cache.check()
-    assert rule.isolated_tenants() == ["p2", "p3"]
+    assert rule.isolated_tenants() == ["p0", "p1"]
     cache.admit(tokens((2, 2)), tenant="victim").release()
-    assert cache.match(tokens((2, 2)), tenant="p3").num_tokens == 0  # spent its budget
-    assert cache.match(tokens((2, 2)), tenant="p0").num_tokens == 4  # forgotten: a budget again
-    assert "max_tenants=2" in repr(rule) and rule.fresh().max_tenants == 2
-    with pytest.raises(ArgumentValueError, match="max_tenants"):
-        Adaptive(max_tenants=0)
-
+    assert cache.match(tokens((2, 2)), tenant="p1").num_tokens == 0  # spent its budget
+    for n in range(3):  # three releases of others' own prompts: p0's and p1's counts age out
+        cache.admit(tokens((3, n)), tenant="other").release()
+    assert rule.isolated_tenants() == []
+    assert cache.match(tokens((2, 2)), tenant="p1").num_tokens == 4  # a budget again
+    assert "horizon=3" in repr(rule) and rule.fresh().horizon == 3
+    with pytest.raises(ArgumentValueError, match="horizon"):
+        Adaptive(horizon=0)
 
 def _page_value(path, d: int) -> np.ndarray:
     """The KV of page ``d`` of ``path``: a function of the prefix through it (whoever computes it)."""

@@ -1,9 +1,8 @@
 """Defects found in review of k-anonymous sharing by copy (908dbb1), the cluster-wide page index
 and settled pages (157351a, 33caf59) and the shared page store under the caches (1bd9755).
 
-Each test states the behaviour radixkv documents and fails on the current code; they are marked
-``xfail(strict=True)`` until fixed, so a fix turns them into an XPASS failure that asks for the
-mark to go.
+Each test states the behaviour radixkv documents; each failed on the code it was written against
+(as a strict xfail) and passes since its fix.
 """
 
 from __future__ import annotations
@@ -31,19 +30,16 @@ def _kv(tokens, start, n) -> np.ndarray:
     return np.array([_value(tokens[: d + 1]) for d in range(start, start + n)], dtype=np.float32).reshape(n, 1, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="k-anonymous askers are one LRU shared by all tenants: whether a victim's "
-                                       "release adds a record (its pages new or not) evicts another page's "
-                                       "record, which the attacker sees as a refused copy (tenancy.py:202, 233)")
 def test_the_askers_bound_does_not_tell_the_attacker_whether_a_victim_sent_its_guess():
     """KAnonymous: 'one attacker tenant learns nothing from hits about prefixes fewer than k other
     tenants requested'; 'forgetting only refuses more'. But what is forgotten depends on the
     victim's prompt: the attacker asks for its guess [9] (a record), two honest tenants make [5]
-    copyable, the records are full (max_pages=2). A victim that sends [9] only adds itself to the
-    existing record; one that sends [8] adds a record, which pushes out [5]'s. The attacker's next
-    request for [5] is a copied hit in one world and a miss in the other: it learns that the
-    victim sent [9], which no other tenant asked for (k=2)."""
+    copyable. With the records bounded by count (2), a victim that sent [9] only added itself to
+    the existing record, one that sent [8] added a record, which pushed out [5]'s: the attacker's
+    next request for [5] was a copied hit in one world and a miss in the other. Records now age
+    out by time alone (horizon releases after their page's last ask), in both worlds alike."""
     def world(secret):
-        cache = PrefixCache(16, page_size=1, sharing=KAnonymous(k=2, max_pages=2))
+        cache = PrefixCache(16, page_size=1, sharing=KAnonymous(k=2, horizon=2))
         cache.admit([5], tenant="h1").release()
         cache.admit([5], tenant="h2").release()  # [5]: two others asked, a copy for the attacker
         cache.admit([9], tenant="attacker").release()  # its guess
@@ -55,9 +51,6 @@ def test_the_askers_bound_does_not_tell_the_attacker_whether_a_victim_sent_its_g
     assert world([9]) == world([8])
 
 
-@pytest.mark.xfail(strict=True, reason="a batch mate's release writes pages computed over an unreleased "
-                                       "admission's unwritten pages through to the store; the later abort "
-                                       "uncaches them in HBM but the store serves them (cache.py:964)")
 def test_the_store_never_serves_pages_an_abort_uncached():
     """Admission.abort: the new pages 'leave the cache together with every page cached below them
     since (a batch mate that matched them computed its own KV over their unwritten bytes)', and
@@ -98,10 +91,6 @@ def test_the_store_never_serves_pages_an_abort_uncached():
         drop_memory(name)
 
 
-@pytest.mark.xfail(strict=True, reason="_abort_admission releases the admission's lock before it uncaches the "
-                                       "pages; a policy priority() raising there stops the abort with the "
-                                       "unwritten pages cached and no longer tracked as unwritten "
-                                       "(cache.py:1703, 1738), so they are served and copied")
 def test_an_abort_whose_priority_raises_serves_no_unwritten_page():
     """Admission.abort: 'the new pages are uncached, so no later request is served their unwritten
     bytes'; the engine's abort 'always completes' when a hook raises. With the policy's priority
