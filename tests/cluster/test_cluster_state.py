@@ -1,5 +1,6 @@
 """The cluster ledger as a state machine: requests, borrowing, recalls and creditor failures,
-with and without the cluster-wide page index (pages pulled from peers).
+with and without the cluster-wide page index (pages pulled from peers) and a shared page store
+(bounded or not, going down and coming back).
 
 Creditors fail two ways: they stop answering (refuse every loan) and come back, or crash
 (lose their memory and restart empty).
@@ -17,6 +18,7 @@ import os
 import zlib
 
 import numpy as np
+import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -29,6 +31,7 @@ from radixkv.tree import Node
 
 PS = 2
 KV = (3,)
+pytestmark = pytest.mark.filterwarnings("ignore:page store:RuntimeWarning")  # its outages count, not warn
 NAMESPACES = (None, "tenant-b")
 
 
@@ -57,11 +60,13 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @initialize(routing=st.sampled_from(ROUTING), host_blocks=st.sampled_from([0, 0, 0, 4]),
                 num_blocks=st.sampled_from([3, 4, 6]), lend_cap=st.sampled_from([0.5, 0.5, 1.0]),
-                low_watermark=st.sampled_from([0.0, 0.2]), global_index=st.booleans())
-    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark, global_index):
+                low_watermark=st.sampled_from([0.0, 0.2]), global_index=st.booleans(),
+                store=st.sampled_from([None, "memory"]), store_blocks=st.sampled_from([None, 4]))
+    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark, global_index, store, store_blocks):
         self.cluster = Cluster(3, num_blocks, PS, routing=routing, borrowing=True, host_blocks=host_blocks,
                                lend_cap=lend_cap, low_watermark=low_watermark, kv_shape=KV, dtype="float32",
-                               global_index=global_index)
+                               global_index=global_index, store=store,
+                               store_blocks=store_blocks if store else None)
         self.open = []  # (instance, admission) not released yet
         self.written = set()  # (namespace, prefix) of every page whose KV was written
 
@@ -141,6 +146,12 @@ class ClusterMachine(RuleBasedStateMachine):
         lent = m.lent(creditor)
         freed = m.recall(creditor, n)
         assert freed >= min(n, lent), f"recall of {n} from {creditor} freed {freed} of {lent}"
+
+    @precondition(lambda self: self.cluster.store_url is not None)
+    @rule(up=st.booleans())
+    def store_outage(self, up):
+        """The shared store goes down (every call a counted miss, nothing raised) or comes back."""
+        self.cluster.instances[0].cache.store.backend.available = up
 
     @rule(i=st.integers(0, 2), available=st.booleans())
     def set_available(self, i, available):
