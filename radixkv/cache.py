@@ -218,6 +218,10 @@ class Admission:
         return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
 
 
+STORE_POLICIES = ("write_through", "write_back")
+"""When a cache with a shared store writes its pages there: at each release, or when HBM evicts them."""
+
+
 def _check_store(store: object, page_size: int, payload: Optional[np.ndarray]) -> Any:
     """``store`` if it may be the cache's shared page store (:class:`radixkv.store.PageStore`, or
     ``None``): it cuts pages of ``page_size`` tokens, and with a payload its fingerprint's KV shape
@@ -293,6 +297,7 @@ class PrefixCache:
         lower: Optional[LowerLayer] = None,
         sharing: Union[str, "_tenancy.Sharing", None] = None,
         store: Optional[Any] = None,
+        store_policy: str = "write_through",
     ) -> None:
         num_blocks = check_positive_int(num_blocks, "num_blocks")
         self._sharing = _tenancy.create(sharing)
@@ -311,9 +316,14 @@ class PrefixCache:
         self._pool = BlockPool(num_blocks, page_size, kv_shape, dtype)
         self._tree = RadixTree(page_size)
         self._store = _check_store(store, page_size, self._pool.data)
+        if store_policy not in STORE_POLICIES:
+            raise ArgumentValueError(f"store_policy must be one of {', '.join(STORE_POLICIES)}, got {store_policy!r}")
+        # write-back: each cached page's store key, so an eviction can write it without hashing its path again
+        self._store_keys: Optional[List[Optional[bytes]]] = (
+            [None] * num_blocks if store is not None and store_policy == "write_back" else None)
         self.store_hit_blocks = 0
         """Pages served from the shared page store (``store``) since creation (monotonic)."""
-        self._store_chain: Tuple[Optional[bytes], List[bytes]] = (None, [])  # the last request's store keys
+        self._store_chain: Tuple[Optional[bytes], List[bytes], Any] = (None, [], None)  # last request's store keys
         # where a tenant's copy of another tenant's page can come from (rules that share by copy)
         self._copies: Optional[CopyIndex] = CopyIndex(num_blocks, page_size) if self._copying is not None else None
         self._victims = make_queue(self._policy)
@@ -383,9 +393,12 @@ class PrefixCache:
 
         A match or admission whose pages run past HBM (and the lower tiers) asks
         the store for the rest of its chain in one round trip, and caches the
-        verified pages it gets as hits; a released admission writes its new pages
-        through to it, first writer wins. Engines that share the store share
-        their pages. O(1).
+        verified pages it gets as hits. Pages go to the store first writer wins,
+        at each release (``store_policy="write_through"``, the default) or when
+        HBM evicts them (``"write_back"``: one round trip an eviction, and no
+        hashing then: each page's key is noted when it is cached), and only pages
+        whose whole prefix holds KV. Engines that share the store share their
+        pages. O(1).
         """
         return self._store
 
@@ -948,7 +961,7 @@ class PrefixCache:
             new_blocks.flags.writeable = False
             record = self._lower.admitted(self._tree.find_root(key), data, pos, new_blocks)
         finish = partial(self._finish_admission, holder, pos, record)
-        if self._store is not None and new:  # a release writes its new pages through to the store
+        if self._store is not None and new and self._store_keys is None:  # write-through at the release
             chain = self._store_chain[1] if self._store_chain[0] is data else None
             finish = partial(self._finish_storing, root, data, chain, pos, new, holder, finish)
         if self._copying is not None:  # a release asks for every page of the request
@@ -1302,8 +1315,12 @@ class PrefixCache:
         the pages are cached in blocks the engine frees and takes itself, as a load from a lower
         tier would. O(pages) hashing once."""
         store = self._store
-        chain = store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
-        self._store_chain = (data, chain)  # the release writes through with the same keys
+        memo = self._store_chain
+        if memo[0] is data and memo[2] == root.namespace:
+            chain = memo[1]
+        else:
+            chain = store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
+            self._store_chain = (data, chain, root.namespace)  # the release writes with the same keys
         pages, n = store.get(chain, pos, touch=True)  # the pages held already stay recent in the store
         if not n:
             return node, pos
@@ -1475,6 +1492,8 @@ class PrefixCache:
         if len(blocks) == 0:  # no id, or no part (parts are never empty)
             return None
         leaf = self._tree.add_leaf(node, data, blocks, start * self._tree.page_bytes)
+        if self._store_keys is not None:
+            self._remember_store_keys(leaf, data, start)
         if not already_cached:
             self._pool.set_state(blocks, CACHED)
         self._cached += leaf.num_pages
@@ -1496,6 +1515,40 @@ class PrefixCache:
             self._unadd(leaf, told, already_cached)
             raise
         return leaf
+
+    def _remember_store_keys(self, leaf: Node, data: bytes, start: int) -> None:
+        """Write-back: note the store key of each page of ``leaf`` (pages ``start..`` of ``data``),
+        from the request's chain (hashed once a request). O(pages)."""
+        root = leaf.parent
+        while root.parent is not None:
+            root = root.parent
+        memo = self._store_chain
+        if memo[0] is not data or memo[2] != root.namespace:
+            chain = self._store.chain(np.frombuffer(data, dtype=TOKEN_DTYPE), root.namespace)
+            memo = self._store_chain = (data, chain, root.namespace)
+        keys = self._store_keys
+        for block, key in zip(extents.id_list(leaf.parts), memo[1][start : start + leaf.num_pages]):
+            keys[block] = key
+
+    def _write_back(self, evicted: List[Tuple[Node, Parts]]) -> None:
+        """Write-back: the evicted pages go to the store (one round trip), those whose whole prefix
+        holds KV (a batch mate's pages above may be unwritten yet: the store cannot take a page
+        back). A store that fails counts it and raises nothing. O(pages + depth a node)."""
+        keys, pages = [], []
+        payload, store_keys, unwritten = self._pool.data, self._store_keys, self._unwritten_nodes
+        for node, parts in evicted:
+            up = node
+            while up.parent is not None and not (unwritten and up in unwritten):
+                up = up.parent
+            if up.parent is not None:
+                continue
+            for block in extents.id_list(parts):
+                key = store_keys[block]
+                if key is not None:
+                    keys.append(key)
+                    pages.append(payload[block] if payload is not None else b"")
+        if keys:
+            self._store.put(keys, pages)
 
     def _unadd(self, leaf: Node, told: int, already_cached: bool) -> None:
         """Undo :meth:`_add_pages` of ``leaf`` after a hook raised: the observers told of it (and
@@ -1600,10 +1653,13 @@ class PrefixCache:
         victims, tree = self._victims, self._tree
         on_evict, spill, rank = self._on_evict, self._spill, self._rank
         dropped = []  # extents go back to the pool in one batch at the end
+        evicted: List[Tuple[Node, Parts]] = []  # write-back: what goes to the store, in one round trip
 
         def take(node: Node, k: int, priority: Any) -> None:
             if spill is not None:  # a tier layer demotes the pages instead of dropping them
                 spill(node, k)
+            if self._store_keys is not None:
+                evicted.append((node, extents.cut_tail(node.parts, k)[1]))
             if on_evict is not None:
                 on_evict(node, k, priority)
             error = None
@@ -1629,9 +1685,13 @@ class PrefixCache:
         try:
             freed = _victims.evict(victims, self._policy, n, rank, take)
         except BaseException:  # a tier's spill raised: the victims already cut still go back to the pool
+            if evicted:
+                self._write_back(evicted)
             if dropped:
                 self._pool.give_back_parts(dropped)
             raise
+        if evicted:  # (before the blocks are handed out again)
+            self._write_back(evicted)
         return freed, dropped
 
     def _lock_node(self, node: Node) -> None:

@@ -102,3 +102,21 @@ def test_a_fleet_sharing_a_store_serves_every_turn_s_history():
     assert shared.store_hit_tokens == shared.hit_tokens_by_tier["store"] > 0
     assert shared.store_stats["round_trips"] > 0 and shared.store_stats["integrity_misses"] == 0
     assert shared.ttft_saving_seconds < pooled.ttft_saving_seconds  # each store page paid its transfer
+
+
+def test_write_back_stores_pages_when_hbm_evicts_them(store_url):
+    """Under write-back a release writes nothing; the pages reach the store as HBM evicts them
+    (one round trip an eviction), with their bytes, and another cache is served them."""
+    a = TieredCache(4, page_size=PS, kv_shape=KV, dtype="float32", store_policy="write_back",
+                    store=open_store(store_url, PS, kv_shape=KV, dtype="float32"))
+    b = caches(store_url, n=1)[0]
+    tokens = [1, 1, 2, 2, 3, 3]
+    serve(a, tokens)
+    assert a.store.stats()["pages_written"] == 0
+    serve(a, [7, 7, 8, 8])  # needs 2 blocks, 1 is free: evicts one of the three
+    assert a.store.stats()["pages_written"] == 1
+    a.evict(a.evictable_blocks)
+    assert a.store.stats()["pages_written"] == 5
+    assert serve(b, tokens + [4, 4]) == 3
+    with pytest.raises(ArgumentValueError, match="store_policy"):
+        PrefixCache(4, page_size=PS, store_policy="write_around")
