@@ -26,7 +26,7 @@ from .errors import (
     ArgumentTypeError, ArgumentValueError, InvalidBlocksError, LockError, RadixKVError, StaleHandleError)
 from .events import EventLog, KVCacheEvent, make_event_log
 from .events.hashing import BlockHasher
-from .keys import TOKEN_DTYPE, TokensLike, check_namespace, check_positive_int, is_int, page_key
+from .keys import TOKEN_DTYPE, TokensLike, check_int, check_namespace, check_positive_int, is_int, page_key
 from .lower import LowerLayer
 from .events.page_hashes import PageHashIndex
 from . import extents
@@ -532,6 +532,37 @@ class PrefixCache:
                 pos = n.start
             n = n.parent
         return pos
+
+    def demote(self, tokens: TokensLike, *, namespace: Optional[str] = None, tenant: Optional[str] = None,
+               start: int = 0) -> int:
+        """Make the cached pages of ``tokens`` from page ``start`` on the next to go, as if last used
+        before every other page; return the pages demoted.
+
+        For a cache whose copy of those pages was just taken by a peer (a cluster's pull): the
+        copy is *moved*, the source keeping its pages only while they cost nothing. Only a
+        policy whose rank is a last-use time can say "older than all" (``lru``); under any other
+        it demotes nothing and returns 0. A node the range touches is demoted whole: its pages
+        outside the range are the head or tail of the run the peer took, and splitting it would
+        cost a node for an order LRU's leaf-first eviction keeps anyway. Measured on the
+        conversation trace (4 instances, round robin, the cluster-wide index): 17.49% of tokens
+        hit when pulled pages are copies, 18.00% when they are moved (one cache of the same
+        memory: 18.12%). Tenant-blind, as :meth:`cached_pages`. O(depth).
+        """
+        data, num_pages = self._pages(tokens)
+        start = check_int(start, "start")
+        root = self._existing_root(namespace, tenant)
+        if root is None or self._policy.name != "lru" or self._on_access is not None:
+            return 0
+        node, pos, child, common = self._tree.walk(root, data, num_pages)
+        touched = [child] if common and pos + common > start else []
+        while node.parent is not None and node.end > start:
+            touched.append(node)
+            node = node.parent
+        for node in touched:
+            node.policy_state = 0
+            if node.heap_id:
+                self._rank(node)
+        return sum(node.num_pages for node in touched)
 
     def locate(self, tokens: TokensLike, *, namespace: Optional[str] = None,
                tenant: Optional[str] = None) -> Tuple[Optional[Root], bytes, int]:

@@ -60,6 +60,9 @@ from .global_index import GlobalPageIndex
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
 LENDING = ("free", "value")
+DUPLICATES = ("move", "copy")
+"""What a pull through the cluster-wide index leaves at its source: its copy demoted to the next to
+go (``move``, where the policy ranks by last use: lru), or as it was (``copy``)."""
 VALUE_POLICIES = ("lru",)
 """Policies whose rank is a last-use time, comparable across instances on the cluster's clock."""
 
@@ -542,6 +545,9 @@ class Cluster:
             (:class:`~radixkv.global_index.GlobalPageIndex`): an admission whose pages past its own
             hit another instance holds pulls them from that peer (:attr:`last_pull`) instead of
             computing them, as a hit charged a network transfer.
+        duplicates: what a pull leaves at its source (:data:`DUPLICATES`): ``"move"`` (the default)
+            demotes the source's copy to the next to go (LRU; other policies keep it), ``"copy"``
+            leaves it as it was.
     """
 
     def __init__(self, num_instances: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
@@ -550,7 +556,7 @@ class Cluster:
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
                  load_back: str = "always", balance: float = 0.1, lending: str = "free",
                  lend_margin: float = 2.0, global_index: bool = False, store: Optional[str] = None,
-                 store_blocks: Optional[int] = None) -> None:
+                 store_blocks: Optional[int] = None, duplicates: str = "move") -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -566,6 +572,9 @@ class Cluster:
                                   f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
         if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
+        if duplicates not in DUPLICATES:
+            raise TierConfigError(f"duplicates must be one of {', '.join(DUPLICATES)}, got {duplicates!r}")
+        self.duplicates = duplicates
         if lending not in LENDING:
             raise TierConfigError(f"lending must be one of {', '.join(LENDING)}, got {lending!r}")
         if lending == "value" and policy not in VALUE_POLICIES:
@@ -694,6 +703,8 @@ class Cluster:
         self.index_seconds += time.perf_counter() - start
         if pages <= 0:
             return Pull(0, None)
+        if self.duplicates == "move":  # the source's copy goes first now: capacity is not spent twice
+            peer.demote(tokens[: end * self.page_size], namespace=namespace, start=hit)
         if peer.payload is not None:
             held = peer.cached_blocks(tokens[: end * self.page_size], namespace=namespace)
             self.instances[i].cache.write(admission.new_blocks[:pages], peer.read(held[hit : hit + pages]))

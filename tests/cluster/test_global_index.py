@@ -130,3 +130,35 @@ def test_page_observers_are_checked():
         cache.remove_page_observer(member)
     cache.admit([1, 1]).release()
     assert len(index) == 0
+
+
+def test_a_pull_moves_the_page_under_lru_and_copies_it_otherwise():
+    """duplicates="move": the source's copy of the pulled pages becomes its next victim, so the
+    fleet does not spend its capacity twice; "copy" leaves it ranked as it was."""
+    for duplicates, policy, first_victim_is_pulled in (("move", "lru", True), ("copy", "lru", False),
+                                                       ("move", "lfu", False)):
+        cluster = Cluster(2, num_blocks=8, page_size=PS, policy=policy, global_index=True, duplicates=duplicates)
+        for i, tokens in ((0, [6, 6]), (0, [1, 1, 2, 2]), (1, [1, 1, 2, 2, 3, 3])):
+            cluster._next = i  # instance 0: an old page, then pages 0-1; instance 1 pulls those
+            serve(cluster, tokens)
+        assert cluster.last_pull.pages == 2
+        source = cluster.instances[0].cache
+        assert source.evict(1) == 1
+        assert (source.cached_pages([6, 6]) == 1) == first_victim_is_pulled, duplicates
+        assert (source.cached_pages([1, 1, 2, 2]) == 1) == first_victim_is_pulled, duplicates
+        cluster.check()
+    with pytest.raises(Exception, match="duplicates"):
+        Cluster(2, num_blocks=8, page_size=PS, duplicates="keep")
+
+
+def test_demote_counts_what_it_demoted_and_checks_its_arguments():
+    cache = PrefixCache(8, page_size=PS)
+    cache.admit([1, 1, 2, 2, 3, 3]).release()
+    cache.admit([9, 9]).release()
+    assert cache.demote([1, 1, 2, 2], start=1) == 3  # the node holding pages 0-2 is touched: demoted whole
+    assert cache.peek_victim()[1] == 0  # its rank: older than every use
+    assert cache.evict(1) == 1 and cache.cached_pages([1, 1, 2, 2, 3, 3]) == 2 and cache.cached_pages([9, 9]) == 1
+    assert cache.demote([4, 4]) == 0 and PrefixCache(4, page_size=PS, policy="lfu").demote([1, 1]) == 0
+    with pytest.raises(ArgumentTypeError):
+        cache.demote([1, 1], start="0")
+    cache.check()
