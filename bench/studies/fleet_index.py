@@ -45,16 +45,16 @@ def main() -> None:
           "| index us/request | replay s |")
     print("|---|---|---|---|---|---|---|---|")
     for routing in ("round_robin", "cache_aware"):
-        for index in (False, True):
-            cluster = Cluster(n, blocks, ps, "lru", routing=routing, global_index=index)
+        for index, duplicates in ((False, "move"), (True, "copy"), (True, "move")):
+            cluster = Cluster(n, blocks, ps, "lru", routing=routing, global_index=index, duplicates=duplicates)
             start = time.perf_counter()
             r = cluster.replay(requests)
             wall = time.perf_counter() - start
-            name = f"{n} x {blocks:,} blocks, {routing}" + (", global index" if index else "")
+            name = f"{n} x {blocks:,} blocks, {routing}" + (f", global index, pulls {duplicates}" if index else "")
             print(f"| {name} | {r.token_hit_rate:.2%} | {r.peer_hit_tokens:,} | {r.pages_pulled:,} | "
                   f"{r.peer_transfer_seconds:.1f} | {r.ttft_saving_seconds:.1f} | {r.index_us_per_request:.0f} "
                   f"| {wall:.1f} |")
-            if index and routing == "round_robin":
+            if index and routing == "round_robin" and duplicates == "move":
                 per_page = index_bytes(cluster.index) / max(len(cluster.index), 1)
     for index in (False, True):  # a shared in-process store of the fleet's HBM size under the instances
         cluster = Cluster(n, blocks, ps, "lru", global_index=index, store="memory", store_blocks=n * blocks)
