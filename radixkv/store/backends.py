@@ -15,6 +15,9 @@ URLs (:func:`open_backend`):
 * ``redis://HOST:PORT[/DB]`` (also ``rediss://``, ``unix://``): one Redis or
   Valkey server, or a Redis Cluster, told apart at first contact
   (:mod:`radixkv.store.redis_backends`; needs ``radixkv[redis]``).
+* ``mooncake://HOST:RPC_PORT[?metadata=URL&...]``: a Mooncake Store master and
+  the storage nodes it places pages on (:mod:`radixkv.store.mooncake_backend`;
+  needs ``radixkv[mooncake]``).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class Backend(Protocol):
     """Batched byte storage by key. No method raises for a server that fails; see :class:`Reply`."""
 
     kind: str
-    """``"memory"``, ``"redis"`` or ``"redis-cluster"`` (``"redis?"`` until a server first answered)."""
+    """``"memory"``, ``"redis"``, ``"redis-cluster"`` (``"redis?"`` until a server first answered) or ``"mooncake"``."""
     url: str
     """The URL it was opened with, any password masked."""
     open_round_trips: int
@@ -286,12 +289,13 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 def open_backend(url: str, timeout: float = 0.25) -> Backend:
-    """The backend ``url`` names (see the module docstring); ``timeout`` is a Redis socket timeout in seconds.
+    """The backend ``url`` names (see the module docstring); ``timeout`` is a Redis socket timeout in seconds
+    (for Mooncake, what the TCP check of a master that failed may take).
 
     Raises :class:`~radixkv.errors.ArgumentValueError` for a URL it cannot
     use, :class:`~radixkv.errors.MissingExtraError` for a Redis URL without
-    redis-py. Never for an unreachable server: that is a miss on every call
-    until it answers.
+    redis-py or a Mooncake URL without Mooncake. Never for an unreachable
+    server: that is a miss on every call until it answers.
     """
     if not isinstance(url, str):
         raise ArgumentTypeError(f"store URL must be a str, got {url!r}")
@@ -302,7 +306,12 @@ def open_backend(url: str, timeout: float = 0.25) -> Backend:
         from .redis_backends import RedisPages
 
         return RedisPages(url, timeout)
-    raise ArgumentValueError(f"store URL must be memory://NAME or redis://HOST:PORT[/DB], got {redact(url)!r}")
+    if scheme == "mooncake":
+        from .mooncake_backend import MooncakePages
+
+        return MooncakePages(url, timeout)
+    raise ArgumentValueError(f"store URL must be memory://NAME, redis://HOST:PORT[/DB] or mooncake://HOST:PORT, "
+                             f"got {redact(url)!r}")
 
 
 __all__ = ["Backend", "Cooloff", "FAILED", "MemoryBackend", "Reply", "drop_memory", "memory_backend", "open_backend"]
