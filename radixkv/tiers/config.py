@@ -26,9 +26,12 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     ``dtype`` payloads; without one, the pages carry no payload and the fingerprint says so).
 
     ``url`` is ``memory`` (a new in-process store of its own), ``memory://NAME`` (shared by name
-    in this process), or ``redis://HOST:PORT[/DB]`` (a server or a cluster, shared by every
-    process that opens it). ``store_blocks`` bounds an in-process store (least recently used
-    pages go first); a Redis server is bounded by its own ``maxmemory``. Raises
+    in this process), ``redis://HOST:PORT[/DB]`` (a server or a cluster, shared by every
+    process that opens it), ``mooncake://HOST:PORT[?metadata=...]`` (a Mooncake Store master),
+    or ``mooncake`` (a Mooncake master and storage node of its own on free loopback ports,
+    stopped when the store is closed or garbage collected; about 1.2 s to start). ``store_blocks``
+    bounds an in-process store (least recently used pages go first); a Redis server is bounded by
+    its own ``maxmemory``, Mooncake by its storage nodes' segments. Raises
     ArgumentValueError for a URL it cannot use or a bound it cannot apply.
     """
     from ..store import Fingerprint, PageStore, drop_memory
@@ -44,6 +47,10 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
         url += ("&" if "?" in url else "?") + f"capacity={store_blocks}"
     fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
                               page_size=page_size, extra="" if kv_shape else "no payload")
+    if url == "mooncake":
+        from ..store.mooncake_backend import embedded_backend
+
+        return PageStore(embedded_backend(), fingerprint)
     store = PageStore.open(url, fingerprint=fingerprint)
     if fresh:  # its own: its pages go with it
         weakref.finalize(store, drop_memory, url[len("memory://"):].split("?")[0])
