@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,plot,redis]'
+	$(BIN)/python -m pip install --quiet -e '.[test,plot,redis,mooncake]'
 	touch $(STAMP)
 
 ## make demo: sweep a generated multi-workload trace over every policy; print the table, write out/demo.png
