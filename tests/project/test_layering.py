@@ -28,7 +28,7 @@ LAYERS = [
     {"adapters"},
     {"workload"},
     {"analysis"},
-    {"cluster", "global_index"},
+    {"cluster", "global_index", "fleet"},
     {"api", "cli", "__main__", "__init__"},
     {"testing"},
 ]

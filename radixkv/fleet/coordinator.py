@@ -1,0 +1,473 @@
+"""The coordinator of a fleet of serving processes: start them, feed them the trace, count what they report.
+
+:class:`Fleet` starts one process per instance (multiprocessing's ``spawn``
+context: a fresh interpreter, no forked copy of a process holding sockets),
+each running :func:`radixkv.fleet.worker.run_worker` over the shared store,
+and, when it is given no store URL, the redis-server they share
+(:func:`radixkv.fleet.server.store_server`). :meth:`Fleet.replay` routes round
+robin (request ``i`` to worker ``i % N``) and keeps the simulator's books:
+one :class:`~radixkv.analysis.stats.ReplayStats` per instance here, fed through
+:func:`radixkv.cluster.count_request` with what the workers report, and the
+totals as a :class:`~radixkv.cluster.ClusterResult`
+(:func:`radixkv.cluster.stats_totals`): the same figures as
+``Cluster(..., store=...).replay``.
+
+**Lockstep.** The workers pass a baton (one semaphore each): request ``i`` is
+served only after request ``i - 1`` was released, whichever process served it,
+so a request sees every page the ones before it stored, as in the in-process
+simulator, and the result is deterministic. The coordinator ships requests in
+chunks (at most :data:`CHUNK_REQUESTS` requests or :data:`CHUNK_TOKENS`
+tokens, each worker's share as one ``uint32`` buffer) from a feeder thread,
+up to :data:`CHUNKS_AHEAD` chunks ahead, and reads the workers' reports a
+batch at a time: the processes never wait on the coordinator per request.
+
+**Failures.** A worker that dies (killed, crashed) or raises is noticed at
+once (its process sentinel, or its error message); one that stops making
+progress for ``timeout`` seconds (no request served fleet-wide) is named as
+the one holding the baton. Either way :class:`FleetError` says which worker
+in one line, after every process and the redis-server the fleet started are
+stopped. Ctrl-C stops them too (:meth:`Fleet.close`, from ``with``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+import numpy as np
+
+from .. import policies as _policies
+from ..analysis.stats import ReplayStats, RequestRecord
+from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
+from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
+from ..errors import ArgumentValueError, RadixKVError
+from ..keys import as_tokens, check_namespace, check_positive_int
+from ..store.backends import redact
+from ..tiers.tiered import default_cost_model
+from ..workload.traces import Request
+from .server import LocalRedis, store_server
+from .worker import DTYPE, KV_SHAPE, REPORT_FIELDS, WorkerSpec, run_worker
+
+CHUNK_REQUESTS = 256
+"""Requests the coordinator ships per chunk at most (split among the workers)."""
+CHUNK_TOKENS = 1 << 21
+"""Prompt tokens per chunk at most (8 MiB of ``uint32``): bounds the memory of the chunks in flight."""
+CHUNKS_AHEAD = 2
+"""Chunks shipped ahead of the one whose reports the coordinator is counting."""
+START_METHOD = "spawn"
+"""multiprocessing start method: a fresh interpreter per worker (``forkserver`` also works)."""
+WAIT_SLICE = 0.5
+"""Seconds between two looks at the workers' liveness and progress while waiting."""
+
+
+class FleetError(RadixKVError, RuntimeError):
+    """A fleet cannot run or went wrong: no redis-server, a worker that died, raised or stopped answering.
+
+    The message is one line and names the worker; the fleet is stopped when it is raised."""
+
+
+@dataclass(frozen=True)
+class FleetResult:
+    """A fleet replay's totals: the in-process simulator's :class:`~radixkv.cluster.ClusterResult`, plus what
+    only processes have.
+
+    Attributes:
+        cluster: the same totals as ``Cluster(...).replay`` (round robin, no lending).
+        processes: serving processes (one instance each).
+        wrong_pages: hit pages whose payload differed from what their tokens must hold (must be 0).
+        verified_pages: hit pages checked, bit for bit.
+        store_maxmemory_bytes: the ``maxmemory`` of the redis-server the fleet started (0: unbounded;
+            ``None``: a store it was given).
+    """
+
+    cluster: ClusterResult
+    processes: int
+    wrong_pages: int
+    verified_pages: int
+    store_maxmemory_bytes: Optional[int]
+
+    def as_dict(self) -> dict:
+        """The cluster's fields, then this result's own (one flat dict: the CLI's JSON)."""
+        out = self.cluster.as_dict()
+        out.update((k, v) for k, v in asdict(self).items() if k != "cluster")
+        return out
+
+
+class _Worker:
+    """The coordinator's handle on one worker process: its pipes, pid and requests served."""
+
+    def __init__(self, index: int, process: Any, inbox: Any, outbox: Any) -> None:
+        self.index = index
+        self.process = process
+        self.inbox = inbox  # coordinator -> worker
+        self.outbox = outbox  # worker -> coordinator
+        self.pid: Optional[int] = None
+        self.requests = 0
+
+    def describe(self) -> str:
+        return f"worker {self.index} (pid {self.pid or self.process.pid})"
+
+
+class Fleet:
+    """``processes`` serving processes, one cache each, over one shared page store; a context manager.
+
+    >>> with Fleet(2, num_blocks=1000, page_size=16) as fleet:     # doctest: +SKIP
+    ...     result = fleet.replay(requests)
+
+    Args:
+        processes: serving processes (instances).
+        num_blocks, page_size, policy, host_blocks: each instance's cache (HBM blocks, tokens per page,
+            eviction policy, host-tier blocks), as :class:`~radixkv.cluster.Cluster`'s. An offline
+            policy (``belady``) is refused: its future requests would have to be shipped ahead.
+        store: the shared store's URL, ``redis://HOST:PORT[/DB]`` (a server or a cluster); ``None``
+            starts a redis-server of the fleet's own on a free loopback port, stopped by :meth:`close`.
+        store_blocks: with ``store=None``, the pages that server holds (``maxmemory``, least recently
+            used evicted: :func:`~radixkv.fleet.server.maxmemory_bytes`); ``None``: unbounded.
+        miss_reasons: classify missed tokens as the simulator does (each worker reports the pages
+            another namespace caches).
+        timeout: seconds a worker may go without serving a request (fleet-wide) or starting, before
+            it is declared hung.
+
+    Raises :class:`~radixkv.errors.ArgumentValueError` for bad arguments and :class:`FleetError` when the
+    processes or the server cannot start. Cost: a process start per worker (an interpreter and
+    numpy: 0.3-1 s on a busy 2-core machine, in parallel).
+    """
+
+    def __init__(self, processes: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
+                 host_blocks: int = 0, store: Optional[str] = None, store_blocks: Optional[int] = None,
+                 miss_reasons: bool = False, timeout: float = 60.0) -> None:
+        processes = check_positive_int(processes, "processes")
+        check_positive_int(num_blocks, "num_blocks")
+        check_positive_int(page_size, "page_size")
+        check_positive_int(host_blocks, "host_blocks", allow_zero=True)
+        if _policies.create(policy).offline:
+            raise ArgumentValueError(f"policy {policy!r} is offline: a fleet of processes would have to ship each "
+                                     "worker its future requests first; use an online policy")
+        if store is not None and not (isinstance(store, str) and store.startswith(("redis://", "rediss://"))):
+            raise ArgumentValueError(f"a fleet's store must be one its processes share, redis://HOST:PORT, "
+                                     f"got {store!r}")
+        if store is not None and store_blocks is not None:
+            raise ArgumentValueError("store_blocks sizes the redis-server a fleet starts; a store URL's server is "
+                                     "bounded by its own maxmemory")
+        if store_blocks is not None:
+            check_positive_int(store_blocks, "store_blocks")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.processes = processes
+        self.num_blocks = num_blocks
+        self.page_size = page_size
+        self.timeout = float(timeout)
+        self.miss_reasons = bool(miss_reasons)
+        self.server: Optional[LocalRedis] = None
+        """The redis-server the fleet started (``None``: it was given a store URL)."""
+        self.store_maxmemory_bytes: Optional[int] = None
+        self.workers: List[_Worker] = []
+        self._next = 0  # the worker the next request goes to (round robin)
+        self._start = 0  # the worker of the replay's first request
+        self._idle = False  # no replay under way and none failed: the workers read their pipes
+        self._error: Optional[BaseException] = None  # the feeder thread's
+        self._sending: Optional[int] = None  # the worker the feeder is shipping to, while it does
+        self._feeder: Optional[threading.Thread] = None
+        self._closing = False
+        try:
+            if store is None:
+                self.server = self._start_server(store_blocks)
+            self.store_url = store if store is not None else self.server.url
+            ctx = multiprocessing.get_context(START_METHOD)
+            self._batons = [ctx.Semaphore(0) for _ in range(processes)]
+            self._served = ctx.RawValue("q", 0)
+            for index in range(processes):
+                spec = WorkerSpec(index, processes, num_blocks, page_size, policy, host_blocks, self.store_url,
+                                  self.miss_reasons, os.getpid())
+                inbox_r, inbox_w = ctx.Pipe(duplex=False)
+                outbox_r, outbox_w = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=run_worker, args=(spec, inbox_r, outbox_w, self._batons, self._served),
+                                      name=f"radixkv-fleet-{index}", daemon=True)
+                process.start()
+                inbox_r.close()
+                outbox_w.close()
+                self.workers.append(_Worker(index, process, inbox_w, outbox_r))
+            for w in self.workers:
+                _, w.pid, self.lower = self._receive(w, "ready", progress=False)
+            self._batons[0].release()  # request 0 is worker 0's
+            self._idle = True
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_server(self, store_blocks: Optional[int]) -> LocalRedis:
+        payload = self.page_size * int(np.prod(KV_SHAPE)) * DTYPE.itemsize
+        try:
+            server = store_server(store_blocks, payload, self.processes)
+        except FileNotFoundError:
+            raise FleetError("a fleet needs a redis-server on PATH (apt-get install redis-server) or a store URL "
+                             "(redis://HOST:PORT)") from None
+        except RuntimeError as exc:
+            raise FleetError(f"the fleet's store: {exc}") from None
+        self.store_maxmemory_bytes = 0
+        if store_blocks is not None:
+            self.store_maxmemory_bytes = int(server_maxmemory(server))
+        return server
+
+    # ------------------------------------------------------------------ waiting
+    def _check(self, last: List[Any]) -> None:
+        """Raise :class:`FleetError` if a worker died, or if no request was served for :attr:`timeout` seconds
+        (``last`` = [served count, when it last moved], updated here)."""
+        for w in self.workers:
+            code = w.process.exitcode
+            if code is not None:
+                said = _last_words(w)
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise FleetError(f"{w.describe()} {said or f'died ({how})'} after {self._served.value:,} requests "
+                                 "served")
+        served, now = self._served.value, time.monotonic()
+        if served != last[0]:
+            last[0], last[1] = served, now
+        elif now - last[1] > self.timeout:
+            holder = self.workers[(served + self._start) % self.processes]
+            raise FleetError(f"{holder.describe()} did not serve request {served:,} within {self.timeout:g} s")
+
+    def _receive(self, w: _Worker, kind: str, progress: bool = True) -> tuple:
+        """The next message of worker ``w``, which must be ``kind``; raises :class:`FleetError` on an error
+        message, a dead worker, or a fleet stuck for :attr:`timeout` seconds (``progress=False``: ``w``
+        itself must answer within it, as when starting)."""
+        last = [self._served.value, time.monotonic()]
+        deadline = time.monotonic() + self.timeout
+        sentinels = [x.process.sentinel for x in self.workers]
+        while True:
+            if w.outbox in multiprocessing.connection.wait([w.outbox, *sentinels], timeout=WAIT_SLICE):
+                try:
+                    message = w.outbox.recv()
+                except (EOFError, OSError):
+                    w.process.join(1.0)
+                    self._check(last)
+                    raise FleetError(f"{w.describe()} closed its pipe") from None
+                if message[0] == "error":
+                    raise FleetError(f"{w.describe()}: {message[1]}")
+                if message[0] != kind:
+                    raise FleetError(f"{w.describe()} sent {message[0]!r}, expected {kind!r}")
+                return message
+            if progress:
+                self._check(last)
+            else:
+                self._check([None, 0.0])
+                if time.monotonic() > deadline:
+                    raise FleetError(f"{w.describe()} did not start within {self.timeout:g} s")
+
+    # ------------------------------------------------------------------ feeding
+    def _feed(self, requests: Iterable[Request], chunks: "queue.Queue") -> None:
+        """The feeder thread: cut ``requests`` into chunks, ship each worker its share, queue the chunk for
+        counting; ``None`` at the end, or the exception that stopped it."""
+        try:
+            chunk: List[Request] = []
+            tokens = 0
+            for request in requests:
+                chunk.append(request)
+                tokens += len(request.tokens)
+                if len(chunk) >= CHUNK_REQUESTS or tokens >= CHUNK_TOKENS:
+                    self._ship(chunk, chunks)
+                    chunk, tokens = [], 0
+            if chunk:
+                self._ship(chunk, chunks)
+        except BaseException as exc:
+            self._error = exc
+        self._put(chunks, None)
+
+    def _put(self, chunks: "queue.Queue", item: Any) -> None:
+        """Queue ``item`` for the counting thread, unless the fleet closes meanwhile (nobody would take it)."""
+        while not self._closing:
+            try:
+                chunks.put(item, timeout=WAIT_SLICE)
+                return
+            except queue.Full:
+                continue
+
+    def _ship(self, chunk: List[Request], chunks: "queue.Queue") -> None:
+        """Send each worker its share of ``chunk`` (in trace order), then queue the chunk with its first worker."""
+        n, first = self.processes, self._next
+        arrays = [as_tokens(r.tokens) for r in chunk]
+        for r in chunk:
+            check_namespace(r.namespace)
+        for k in range(min(n, len(chunk))):
+            w = self.workers[(first + k) % n]
+            mine = range(k, len(chunk), n)
+            namespaces = [chunk[j].namespace for j in mine]
+            self._sending = w.index
+            named = any(ns is not None for ns in namespaces)
+            w.inbox.send(("batch", [len(arrays[j]) for j in mine], namespaces if named else None))
+            w.inbox.send_bytes(np.concatenate([arrays[j] for j in mine]) if len(mine) > 1 else arrays[k])
+            self._sending = None
+        self._next = (first + len(chunk)) % n
+        self._put(chunks, (chunk, first))
+
+    def _next_chunk(self, chunks: "queue.Queue") -> Any:
+        """The next shipped chunk; meanwhile watch the workers (the feeder may be blocked shipping to a hung one)."""
+        last = [self._served.value, time.monotonic()]
+        while True:
+            try:
+                return chunks.get(timeout=WAIT_SLICE)
+            except queue.Empty:
+                if self._sending is not None:
+                    self._check(last)
+                else:  # reading the trace: the workers idle, as they should
+                    self._check([None, 0.0])
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, requests: Iterable[Request], *,
+               on_request: Optional[Callable[[Request, int], None]] = None,
+               on_record: Optional[Callable[[RequestRecord, int], None]] = None,
+               model: Union[str, ModelSpec] = DEFAULT_MODEL,
+               hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE) -> FleetResult:
+        """Serve ``requests`` in order across the processes, round robin; return the totals.
+
+        As :meth:`radixkv.cluster.Cluster.replay` (``on_request``, ``on_record`` with the instance, ``model``
+        / ``hardware``; miss reasons as the fleet was made), with ``store`` / ``store_stats`` from the
+        shared store and the payload checks (``wrong_pages``). Raises :class:`FleetError` (the fleet is
+        then unusable: close it) when a worker dies, raises or hangs. Cost per request: the worker's
+        admission with its store round trips, one semaphore hand-off, and the accounting here, which
+        overlaps the serving.
+        """
+        if not self._idle:
+            raise FleetError("this fleet failed or is replaying already: close it and start another")
+        self._idle = False
+        self._error = None
+        start = time.perf_counter()
+        p, n = self.page_size, self.processes
+        costs = default_cost_model(p)
+        stats = [ReplayStats(p, model=model, hardware=hardware, miss_reasons=self.miss_reasons, tier_costs=costs)
+                 for _ in range(n)]
+        self._start = self._next
+        self._served.value = 0
+        width = len(REPORT_FIELDS) + len(self.lower)
+        chunks: "queue.Queue" = queue.Queue(maxsize=CHUNKS_AHEAD)
+        self._feeder = feeder = threading.Thread(target=self._feed, args=(requests, chunks),
+                                                 name="radixkv-fleet-feeder", daemon=True)
+        feeder.start()
+        count = wrong = verified = 0
+        while True:
+            item = self._next_chunk(chunks)
+            if item is None:
+                break
+            chunk, first = item
+            rows = {}
+            for k in range(min(n, len(chunk))):
+                w = self.workers[(first + k) % n]
+                _, data = self._receive(w, "rows")
+                rows[w.index] = iter(np.frombuffer(data, dtype=np.int64).reshape(-1, width).tolist())
+            for j, request in enumerate(chunk):
+                i = (first + j) % n
+                hit, new, declined, evicted, other, bad, checked, *loads = next(rows[i])
+                loaded = {t: c for t, c in zip(self.lower, loads) if c}
+                count_request(stats[i], request, hit, new, declined, evicted, other, loaded, count, i,
+                              on_request, on_record)
+                self.workers[i].requests += 1
+                wrong += bad
+                verified += checked
+                count += 1
+        feeder.join()
+        if self._error is not None:
+            if isinstance(self._error, OSError):  # a pipe to a worker broke: say which worker, and why
+                time.sleep(WAIT_SLICE)
+                self._check([None, 0.0])
+            raise self._error
+        totals = [self._receive(w, "totals", progress=False)[1] for w in self._ask_all("totals")]
+        self._idle = True
+        return self._result(stats, totals, count, wrong, verified, time.perf_counter() - start)
+
+    def _ask_all(self, what: str) -> List[_Worker]:
+        for w in self.workers:
+            w.inbox.send((what,))
+        return self.workers
+
+    def _result(self, stats: List[ReplayStats], totals: List[Dict[str, Any]], count: int, wrong: int,
+                verified: int, seconds: float) -> FleetResult:
+        by_tier = sum_counts(t["hit_tokens_by_tier"] for t in totals)
+        cluster = ClusterResult(
+            routing="round_robin", borrowing=False, instances=self.processes, num_blocks=self.num_blocks,
+            requests=count, hit_tokens_by_tier=by_tier, requests_by_instance=[w.requests for w in self.workers],
+            blocks_lent=0, bytes_lent=0, blocks_recalled=0, blocks_moved=0, pages_demoted_on_recall=0, refusals=0,
+            bytes_by_link=sum_counts(t["bytes_by_link"] for t in totals), lending="free", pages_evicted_to_lend=0,
+            borrowed_hit_tokens=0, borrowed_transfer_seconds=0.0, manager_seconds=0.0, manager_us_per_request=0.0,
+            wall_seconds=seconds, **stats_totals(stats), store=redact(self.store_url),
+            store_hit_tokens=by_tier.get("store", 0), store_stats=sum_counts(t["store_stats"] for t in totals))
+        return FleetResult(cluster, self.processes, wrong, verified, self.store_maxmemory_bytes)
+
+    # ------------------------------------------------------------------ the end
+    def close(self) -> None:
+        """Stop every worker (asked, then SIGTERM, then SIGKILL) and the redis-server the fleet started.
+        Idempotent; safe after any error. Cost: up to a few seconds for a worker that does not exit."""
+        if self._idle:  # their pipes are empty: a stop message cannot block, and they exit at once
+            for w in self.workers:
+                if w.process.is_alive():
+                    try:
+                        w.inbox.send(("stop",))
+                    except (OSError, ValueError):
+                        pass
+            deadline = time.monotonic() + 2.0
+            for w in self.workers:
+                w.process.join(max(0.0, deadline - time.monotonic()))
+        self._idle = False
+        for w in self.workers:  # after an error (or a worker that did not stop): SIGTERM, then SIGKILL
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(2.0)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(2.0)
+        self._closing = True
+        if self._feeder is not None:  # shipping to a process that is gone fails: the feeder ends
+            self._feeder.join(2.0)
+        for w in self.workers:
+            for conn in (w.inbox, w.outbox):
+                conn.close()
+        self.workers = []
+        if self.server is not None:
+            self.server.stop()
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _last_words(w: _Worker) -> str:
+    """The error a dead worker sent before it died ("" if none). O(1)."""
+    try:
+        while w.outbox.poll():
+            message = w.outbox.recv()
+            if message[0] == "error":
+                return f"failed: {message[1]}"
+    except (EOFError, OSError):
+        pass
+    return ""
+
+
+def server_maxmemory(server: LocalRedis) -> int:
+    """The ``maxmemory`` a running server reports (bytes; 0: unbounded), through redis-py. One round trip."""
+    from ..store.redisio import client_from_url
+
+    client = client_from_url(server.url, 5.0)
+    try:
+        return int(client.config_get("maxmemory")["maxmemory"])
+    finally:
+        client.close()
+
+
+def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,
+                 policy: str = "lru", *, host_blocks: int = 0, store: Optional[str] = None,
+                 store_blocks: Optional[int] = None, miss_reasons: bool = False, timeout: float = 60.0,
+                 **replay: Any) -> FleetResult:
+    """Start a :class:`Fleet`, :meth:`Fleet.replay` ``requests`` (``replay``: its keyword arguments), stop it."""
+    with Fleet(processes, num_blocks, page_size, policy, host_blocks=host_blocks, store=store,
+               store_blocks=store_blocks, miss_reasons=miss_reasons, timeout=timeout) as fleet:
+        return fleet.replay(requests, **replay)
+
+
+__all__ = ["CHUNK_REQUESTS", "CHUNK_TOKENS", "Fleet", "FleetError", "FleetResult", "replay_fleet"]
