@@ -62,6 +62,9 @@ CHUNKS_AHEAD = 2
 """Chunks shipped ahead of the one whose reports the coordinator is counting."""
 START_METHOD = "spawn"
 """multiprocessing start method: a fresh interpreter per worker (``forkserver`` also works)."""
+START_SECONDS = 60.0
+"""Seconds a worker may take to start (an interpreter, numpy and radixkv imported, its cache built), at the
+least: a busy machine's imports must not pass for a hang however short the fleet's ``timeout``."""
 WAIT_SLICE = 0.5
 """Seconds between two looks at the workers' liveness and progress while waiting."""
 
@@ -131,8 +134,9 @@ class Fleet:
             used evicted: :func:`~radixkv.fleet.server.maxmemory_bytes`); ``None``: unbounded.
         miss_reasons: classify missed tokens as the simulator does (each worker reports the pages
             another namespace caches).
-        timeout: seconds a worker may go without serving a request (fleet-wide) or starting, before
-            it is declared hung.
+        timeout: seconds the fleet may go without serving a request, or a worker without answering,
+            before the worker holding things up is declared hung (starting may take
+            :data:`START_SECONDS` whatever this is).
 
     Raises :class:`~radixkv.errors.ArgumentValueError` for bad arguments and :class:`FleetError` when the
     processes or the server cannot start. Cost: a process start per worker (an interpreter and
@@ -194,7 +198,7 @@ class Fleet:
                 outbox_w.close()
                 self.workers.append(_Worker(index, process, inbox_w, outbox_r))
             for w in self.workers:
-                _, w.pid, self.lower = self._receive(w, "ready", progress=False)
+                _, w.pid, self.lower = self._receive(w, "ready", progress=False, within=max(START_SECONDS, timeout))
             self._batons[0].release()  # request 0 is worker 0's
             self._idle = True
         except BaseException:
@@ -233,12 +237,12 @@ class Fleet:
             holder = self.workers[(served + self._start) % self.processes]
             raise FleetError(f"{holder.describe()} did not serve request {served:,} within {self.timeout:g} s")
 
-    def _receive(self, w: _Worker, kind: str, progress: bool = True) -> tuple:
+    def _receive(self, w: _Worker, kind: str, progress: bool = True, within: Optional[float] = None) -> tuple:
         """The next message of worker ``w``, which must be ``kind``; raises :class:`FleetError` on an error
         message, a dead worker, or a fleet stuck for :attr:`timeout` seconds (``progress=False``: ``w``
-        itself must answer within it, as when starting)."""
+        itself must answer within ``within`` seconds, default :attr:`timeout`)."""
         last = [self._served.value, time.monotonic()]
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if within is None else within)
         sentinels = [x.process.sentinel for x in self.workers]
         while True:
             if w.outbox in multiprocessing.connection.wait([w.outbox, *sentinels], timeout=WAIT_SLICE):
@@ -258,7 +262,8 @@ class Fleet:
             else:
                 self._check([None, 0.0])
                 if time.monotonic() > deadline:
-                    raise FleetError(f"{w.describe()} did not start within {self.timeout:g} s")
+                    raise FleetError(f"{w.describe()} did not answer {kind!r} within "
+                                     f"{self.timeout if within is None else within:g} s")
 
     # ------------------------------------------------------------------ feeding
     def _feed(self, requests: Iterable[Request], chunks: "queue.Queue") -> None:
@@ -387,12 +392,15 @@ class Fleet:
 
     def _result(self, stats: List[ReplayStats], totals: List[Dict[str, Any]], count: int, wrong: int,
                 verified: int, seconds: float) -> FleetResult:
+        """The totals as the simulator reports them. ``bytes_by_link`` stays empty, as the simulator's does
+        without a global index: the workers' transfer ledgers count their own 32-byte payloads, not the
+        model's KV, so their sum would mean something else under the same name."""
         by_tier = sum_counts(t["hit_tokens_by_tier"] for t in totals)
         cluster = ClusterResult(
             routing="round_robin", borrowing=False, instances=self.processes, num_blocks=self.num_blocks,
             requests=count, hit_tokens_by_tier=by_tier, requests_by_instance=[w.requests for w in self.workers],
             blocks_lent=0, bytes_lent=0, blocks_recalled=0, blocks_moved=0, pages_demoted_on_recall=0, refusals=0,
-            bytes_by_link=sum_counts(t["bytes_by_link"] for t in totals), lending="free", pages_evicted_to_lend=0,
+            bytes_by_link={}, lending="free", pages_evicted_to_lend=0,
             borrowed_hit_tokens=0, borrowed_transfer_seconds=0.0, manager_seconds=0.0, manager_us_per_request=0.0,
             wall_seconds=seconds, **stats_totals(stats), store=redact(self.store_url),
             store_hit_tokens=by_tier.get("store", 0), store_stats=sum_counts(t["store_stats"] for t in totals))

@@ -144,10 +144,10 @@ class Worker:
                 wrong, hit] + [loaded.get(t, 0) for t in self.lower]
 
     def totals(self) -> Dict[str, Any]:
-        """The cumulative counters a fleet result sums: hits per tier, bytes per link, the store's counters."""
+        """The cumulative counters a fleet result sums: hits per tier and the store's counters."""
         cache = self.cache
-        return {"hit_tokens_by_tier": cache.hit_tokens_by_tier, "bytes_by_link": dict(cache.transfers.bytes_by_link),
-                "store_stats": store_counters(cache.store), "requests": self.requests}
+        return {"hit_tokens_by_tier": cache.hit_tokens_by_tier, "store_stats": store_counters(cache.store),
+                "requests": self.requests}
 
     def close(self) -> None:
         self.cache.close()
