@@ -832,11 +832,17 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="A shared page store read past the cache's own pages and written through at each release: "
                    "memory (in-process), memory://NAME, or redis://HOST:PORT[/DB] (a server or a cluster).")
 @click.option("--store-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
-              help=f"Pages an in-process --store holds at most (least recently used go first; at most "
-                   f"{CAPACITY_BOUND}).")
+              help=f"Pages an in-process --store holds at most (least recently used go first), or with "
+                   f"--processes and no --store the redis-server it starts (its maxmemory: pydoc "
+                   f"radixkv.fleet.server); at most {CAPACITY_BOUND}.")
 @click.option("--global-index/--no-global-index", default=False, show_default=True,
               help="Index every instance's HBM pages cluster-wide: a request pulls the pages past its own hit "
                    "from the peer that holds them (hits charged a network transfer).")
+@click.option("--processes", default=None, type=int, callback=bounded(MAX_JOBS),
+              help=f"Run each instance in an OS process of its own (N of them: --instances defaults to N), "
+                   f"sharing --store redis://HOST:PORT, or a redis-server started for the run on a free loopback "
+                   f"port and sized by --store-blocks; round robin, every hit page's bytes checked (at most "
+                   f"{spell(MAX_JOBS)}).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
 @page_size_option
 @output_options
@@ -848,14 +854,19 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
-                lend_cap, low_watermark, lending, store_url, store_blocks, global_index, policy, page_size, fmt, trace_fmt, as_json, columns, limit,
-                skip_bad, quiet, records, tokenizer_path, model, hardware, miss_reasons) -> None:
+                lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy, page_size,
+                fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, records, tokenizer_path, model, hardware,
+                miss_reasons) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
 
     Like `radixkv replay`: misses by reason (each about the instance that served the request),
-    prefill saved for --model on --hardware, and --records (each record adds its `instance`)."""
+    prefill saved for --model on --hardware, and --records (each record adds its `instance`).
+    With --processes the instances are real processes over a shared Redis store (`pydoc radixkv.fleet`)."""
     from .cluster import Cluster, routes_ahead
 
+    if processes is not None:
+        instances = fleet_flags(processes, instances, routing, borrowing, global_index, policy, store_url,
+                                store_blocks)
     if policies.create(policy).offline and not routes_ahead(routing, instances):
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
@@ -865,21 +876,33 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if instances * num_blocks > MAX_CLUSTER_BLOCKS:
         raise ArgumentValueError(f"--instances {instances} x {num_blocks:,} blocks each is {instances * num_blocks:,} "
                                  f"HBM blocks; a cluster may have at most {spell(MAX_CLUSTER_BLOCKS)} in all")
-    cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
-                      routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
-                      global_index=global_index, **cluster_store(store_url, store_blocks))
+    if processes is None:
+        cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
+                          routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
+                          global_index=global_index, **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
-        result = cluster.replay(reader, on_request=lambda r, h: bar.update(), miss_reasons=miss_reasons,
-                                on_record=(lambda rec, i: write(rec, instance=i)) if write else None,
-                                model=model, hardware=hardware)
-    out = {**result.as_dict(), "skipped_lines": reader.skipped}
+        serving = dict(on_request=lambda r, h: bar.update(), model=model, hardware=hardware,
+                       on_record=(lambda rec, i: write(rec, instance=i)) if write else None)
+        if processes is None:
+            result = cluster.replay(reader, miss_reasons=miss_reasons, **serving)
+            fleet = {}
+        else:
+            from .fleet import replay_fleet
+
+            outcome = replay_fleet(reader, processes, num_blocks, page_size, policy, host_blocks=host_blocks,
+                                   store=store_url, store_blocks=store_blocks, miss_reasons=miss_reasons, **serving)
+            result, fleet = outcome.cluster, outcome.as_dict()
+    out = {**result.as_dict(), **fleet, "skipped_lines": reader.skipped}
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)
     if out_fmt == "table" and not columns:
         click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
-        if store_url is not None:
+        if fleet:
+            click.echo(f"processes: {processes}, one instance each; {fleet['verified_pages']:,} hit pages checked "
+                       f"byte for byte, {fleet['wrong_pages']:,} wrong")
+        if store_url is not None or fleet:
             st = result.store_stats
             click.echo(f"shared store: {result.store_hit_tokens:,} tokens served, {st.get('pages_written', 0):,} "
                        f"pages written, {st.get('round_trips', 0):,} round trips, "
@@ -892,6 +915,33 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         show_savings(out, out_fmt)
     if reader.skipped and out_fmt != "json":
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
+def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, global_index: bool, policy: str,
+                store_url: Optional[str], store_blocks: Optional[int]) -> int:
+    """The instances of ``cluster --processes N`` (N, or --instances when given and equal), once the flags it
+    cannot honour are refused, one line each, naming them."""
+    import shutil
+
+    given = click.get_current_context().get_parameter_source("instances") is not click.core.ParameterSource.DEFAULT
+    if given and instances != processes:
+        raise ArgumentValueError(f"--processes {processes} runs one instance a process: --instances {instances} "
+                                 f"differs (leave it out, or give {processes})")
+    for refused, flag in ((routing != "round_robin", f"--routing {routing}"), (borrowing, "--borrowing"),
+                          (global_index, "--global-index"), (policies.create(policy).offline, f"--policy {policy}")):
+        if refused:
+            raise ArgumentValueError(f"--processes routes round robin over caches that share only the store; "
+                                     f"{flag} is not supported there")
+    if store_url is not None and not store_url.startswith(("redis://", "rediss://")):
+        raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT, or no "
+                                 f"--store (a redis-server is started for the run); got --store {store_url}")
+    if store_url is not None and store_blocks is not None:
+        raise ArgumentValueError("--store-blocks sizes the redis-server --processes starts; the --store server is "
+                                 "bounded by its own maxmemory")
+    if store_url is None and shutil.which("redis-server") is None:
+        raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
+                                 "--store redis://HOST:PORT")
+    return processes
 
 
 def cluster_store(url: Optional[str], store_blocks: Optional[int]) -> dict:
