@@ -138,8 +138,10 @@ class Fleet:
             before the worker holding things up is declared hung (starting may take
             :data:`START_SECONDS` whatever this is).
 
-    Raises :class:`~radixkv.errors.ArgumentValueError` for bad arguments and :class:`FleetError` when the
-    processes or the server cannot start. Cost: a process start per worker (an interpreter and
+    A script that makes a fleet must start under ``if __name__ == "__main__":``: each ``spawn``-ed
+    worker imports the script's main module again (multiprocessing's "safe importing of main
+    module"). Raises :class:`~radixkv.errors.ArgumentValueError` for bad arguments and
+    :class:`FleetError` when the processes or the server cannot start. Cost: a process start per worker (an interpreter and
     numpy: 0.3-1 s on a busy 2-core machine, in parallel).
     """
 
