@@ -31,10 +31,10 @@ call        Mooncake calls (round trips counted)
 ==========  =====================================================================
 ``exists``  1: ``batch_is_exist``
 ``get``     1: ``batch_is_exist`` of the held pages (``touch``) and the chain; then,
-            if the chain starts with a present page, 1 ``get_batch`` of the
-            leading present run only (nothing past a gap is moved)
-``set_nx``  1: ``batch_is_exist``; then 1 ``put_batch`` per ``buffer / 2`` bytes of
-            the absent pages' values
+            if the chain starts with a present page, 1 ``get_batch`` per 512 pages
+            of the leading present run only (nothing past a gap is moved)
+``set_nx``  1: ``batch_is_exist``; then 1 ``put_batch`` per 512 absent pages or
+            ``buffer / 2`` bytes of their values, whichever comes first
 ``delete``  1: ``batch_remove(force=True)``
 ==========  =====================================================================
 
@@ -79,7 +79,7 @@ import threading
 import time
 import urllib.request
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ArgumentValueError, MissingExtraError, RadixKVError
@@ -94,6 +94,9 @@ LEASE_MS = 500
 page read or looked up is safe from eviction. Short, so a full store can evict what was read a moment ago."""
 EMBEDDED_SEGMENT = 256 << 20
 """The storage node's segment of ``open_store("mooncake")``."""
+MAX_PAGES_PER_CALL = 512
+"""Most pages one ``get_batch`` or ``put_batch`` moves: Mooncake's TCP transport queues 1,024 transfers per
+peer (and admits 1,024 more), and a call past that stalls 60 s and fails (0.3.13)."""
 MIN_SEGMENT = 16 << 20
 """The smallest segment a ``mooncake_client`` storage node accepts."""
 _TRANSPORT = (-900, -901)
@@ -349,15 +352,15 @@ class MooncakePages:
         values: List[Any] = [None] * len(names)
         if present[n:n + 1] == [FAILED]:
             values[n] = FAILED
-        if n:
-            got = client.get_batch(names[:n])
+        for batch in self._batches(range(n)):
+            got = client.get_batch([names[i] for i in batch])
             trips += 1
-            if len(got) != n:  # the client refused the whole call
-                got = [b""] * n
-            for i, value in enumerate(got):
+            if len(got) != len(batch):  # the client refused the whole call
+                got = [b""] * len(batch)
+            for i, value in zip(batch, got):
                 values[i] = value if value else FAILED  # present a moment ago: evicted since, or not transferred
-            if FAILED in values[:n] and error is None:
-                error = ConnectionError(f"get_batch answered {sum(1 for v in got if v)} of {n} present pages")
+            if not all(got) and error is None:
+                error = ConnectionError(f"get_batch answered {sum(1 for v in got if v)} of {len(got)} present pages")
         return values, trips, error
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
@@ -367,7 +370,7 @@ class MooncakePages:
         present, trips, error = self._exist(client, names)
         stored: List[Any] = [False if p is True else FAILED for p in present]
         absent = [i for i, p in enumerate(present) if p is False]
-        for chunk in self._chunks(absent, values):
+        for chunk in self._batches(absent, values):
             code = client.put_batch([names[i] for i in chunk], [values[i] for i in chunk])
             trips += 1
             error = self._answered([code]) or error
@@ -377,18 +380,19 @@ class MooncakePages:
                 stored[i] = True if code == 0 else FAILED
         return stored, trips, error
 
-    def _chunks(self, indices: List[int], values: Sequence[bytes]) -> List[List[int]]:
-        """``indices`` cut into runs whose values add up to at most half the transfer buffer (a value larger
-        than that goes alone, and Mooncake fails it if it does not fit)."""
-        budget, chunks, size = self.config.buffer // 2, [], 0
+    def _batches(self, indices: Iterable[int], values: Sequence[bytes] = ()) -> List[List[int]]:
+        """``indices`` cut into runs of at most :data:`MAX_PAGES_PER_CALL` and, given the ``values``, of at most
+        half the transfer buffer in bytes (a value larger than that goes alone: Mooncake fails it if it does
+        not fit)."""
+        budget, batches, size = self.config.buffer // 2, [], 0
         for i in indices:
-            n = len(values[i])
-            if not chunks or size + n > budget:
-                chunks.append([])
+            n = len(values[i]) if values else 0
+            if not batches or size + n > budget or len(batches[-1]) == MAX_PAGES_PER_CALL:
+                batches.append([])
                 size = 0
-            chunks[-1].append(i)
+            batches[-1].append(i)
             size += n
-        return chunks
+        return batches
 
     def delete(self, keys: Sequence[bytes]) -> Reply:
         """Remove ``keys`` even under a read lease (``force``): the store deletes a value it just read and refused."""
