@@ -133,7 +133,7 @@ def test_bad_tokens_chains_and_arguments_are_refused_at_the_boundary(memory_url)
 @pytest.mark.parametrize("url,match", [
     ("memory://", "needs a name"), ("memory://x?capacity=0", "positive number of pages"),
     ("memory://x?capacity=ten", "positive number"), ("memory://x?size=3", "takes only"),
-    ("ftp://host", "must be memory://NAME, redis://"), ("localhost:6379", "must be memory://NAME or redis://"),
+    ("ftp://host", "must be memory://NAME, redis://"), ("localhost:6379", "must be memory://NAME, redis://"),
     ("redis://127.0.0.1:port", "bad Redis URL"),
 ])
 def test_bad_urls_are_one_line_errors(url, match):
