@@ -208,14 +208,15 @@ class KAnonymous(Sharing):
     def fresh(self) -> "KAnonymous":
         return type(self)(k=self.k, horizon=self.horizon)
 
-    def _age(self) -> None:
-        """Forget the records no one asked for in the last ``horizon`` releases. O(records forgotten)."""
-        asked, oldest = self._asked, self._now - self.horizon
-        while asked:
-            key, (_, last) = next(iter(asked.items()))
+    def _age(self, records: "OrderedDict[Any, Tuple[Any, int]]") -> None:
+        """Forget the ``records`` (``key -> (value, release of its last renewal)``, oldest first) that
+        nothing renewed in the last ``horizon`` releases. O(records forgotten)."""
+        oldest = self._now - self.horizon
+        while records:
+            key, (_, last) = next(iter(records.items()))
             if last > oldest:
                 break
-            del asked[key]
+            del records[key]
 
     def partition(self, namespace: Optional[str], tenant: Optional[str]) -> Hashable:
         return _tenant_partition(namespace, tenant)
@@ -251,7 +252,7 @@ class KAnonymous(Sharing):
                 if who is not _PUBLIC and tenant not in who:
                     who = _PUBLIC if len(who) >= k else who + (tenant,)
             asked[key] = (who, now)
-        self._age()
+        self._age(asked)
 
     def check(self) -> None:
         last = self._now - self.horizon
@@ -307,13 +308,8 @@ class Adaptive(KAnonymous):
 
     def _spent(self, tenant: Optional[str]) -> int:
         """``tenant``'s strikes, once the counts no suspect request renewed in ``horizon`` releases went."""
-        strikes, oldest = self._strikes, self._now - self.horizon
-        while strikes:
-            who, (_, last) = next(iter(strikes.items()))
-            if last > oldest:
-                break
-            del strikes[who]
-        return strikes.get(tenant, (0, 0))[0]
+        self._age(self._strikes)
+        return self._strikes.get(tenant, (0, 0))[0]
 
     def serve_copies(self, tenant: Optional[str], keys: np.ndarray, start: int, held: int) -> Tuple[int, Any]:
         end = self._allowed(tenant, keys, start, held)
