@@ -290,7 +290,7 @@ REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 def open_backend(url: str, timeout: float = 0.25) -> Backend:
     """The backend ``url`` names (see the module docstring); ``timeout`` is a Redis socket timeout in seconds
-    (for Mooncake, what the TCP check of a master that failed may take).
+    (for Mooncake, what a request to the master may take).
 
     Raises :class:`~radixkv.errors.ArgumentValueError` for a URL it cannot
     use, :class:`~radixkv.errors.MissingExtraError` for a Redis URL without

@@ -59,13 +59,15 @@ of the master; an object under a lease is never evicted), so a lookup, a
 get, and ``touch`` (the held pages are in the get's existence check) all make
 pages recently used, at no extra round trip.
 
-Failures never raise. A call whose master does not answer fails its keys
-(:data:`~radixkv.store.backends.FAILED`); then the master is skipped while it
-cools off (:class:`~radixkv.store.backends.Cooloff`), and before the next
-call a TCP connect (``timeout`` seconds at most) checks that its port
-accepts: Mooncake's client spends about 4 s inside every call while its
-master is down, and a ``setup`` against a dead master about 90 s, so neither
-is made until the port answers. The client reconnects and the storage nodes
+Failures never raise. Every request to the master has ``timeout`` seconds
+(0.25 by default; Mooncake's own is 30 s). A call whose master does not
+answer fails its keys (:data:`~radixkv.store.backends.FAILED`); then the
+master is skipped while it cools off (:class:`~radixkv.store.backends.Cooloff`),
+and before the next call a TCP connect (``timeout`` seconds at most) checks
+that its port accepts: Mooncake's client spends about 4 s inside every call
+while its master is down, and a ``setup`` against a dead master about 90 s,
+so neither is made until the port answers. A master that accepts and never
+answers (stopped, or hung) costs one ``timeout`` per cool-off. The client reconnects and the storage nodes
 remount their segments by themselves once the master is back (about a
 second); a restarted master has lost every key, so that is a cold store. A
 backend opened while its master is down sets its client up at the first call
@@ -78,6 +80,7 @@ import ctypes
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -240,7 +243,7 @@ class MooncakePages:
 
     Args:
         url: ``mooncake://HOST:RPC_PORT[?metadata=...&segment=...&buffer=...&local=...]``.
-        timeout: seconds the TCP check of a master that failed may take.
+        timeout: seconds a request to the master, or the TCP check of a master that failed, may take.
         master: a :class:`MooncakeMaster` this backend owns: stopped by :meth:`close`, or when the backend
             is garbage collected.
 
@@ -289,15 +292,21 @@ class MooncakePages:
             return self._client.store, trips, None
 
     def _setup(self) -> Optional[BaseException]:
+        """Set the Mooncake client up, with what it reads from the environment then (unless set already): its
+        transfer engine bound to ``local`` (else it binds the first LAN address it finds) and ``timeout`` on
+        every request to the master and every connect (else 30 s: a master that accepts and never answers
+        would hold each call that long)."""
         cfg = self.config
         store = self._factory()
-        saved = os.environ.get("MC_TCP_BIND_ADDRESS")
-        os.environ["MC_TCP_BIND_ADDRESS"] = saved or cfg.local  # else it binds the first LAN address it finds
+        ms = str(max(1, round(self.timeout * 1000)))
+        env = {"MC_TCP_BIND_ADDRESS": cfg.local, "MC_RPC_TIMEOUT_MS": ms, "MC_RPC_CONNECT_TIMEOUT_MS": ms}
+        added = [name for name in env if name not in os.environ]
+        os.environ.update({name: env[name] for name in added})
         try:
             code = store.setup(cfg.local, cfg.metadata, cfg.segment, cfg.buffer, "tcp", "", cfg.master)
         finally:
-            if saved is None:
-                os.environ.pop("MC_TCP_BIND_ADDRESS", None)
+            for name in added:
+                os.environ.pop(name, None)
         if code != 0:
             store.close()
             return ConnectionError(f"Mooncake setup with master {cfg.master} failed ({code})")
@@ -546,6 +555,11 @@ class MooncakeMaster:
     def kill(self) -> None:
         """Crash the master (SIGKILL): every key is forgotten, and clients' calls fail until it is back."""
         _kill(self._master)
+
+    def pause(self, paused: bool = True) -> None:
+        """Stop the master (SIGSTOP; its ports still accept, nothing answers), or let it go on (SIGCONT)."""
+        if self.running:
+            self._master.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
 
     def restart(self) -> None:
         """Start the master again on the same ports (killing it first), empty; wait until the storage node has

@@ -224,6 +224,26 @@ def test_a_killed_master_misses_without_raising_then_serves_again():
         store.close()
 
 
+def test_a_master_that_accepts_and_never_answers_costs_one_timeout_per_cool_off(master, store):
+    chain = store.chain(tokens(7, 4))
+    assert store.put(chain, [b"z"] * 4) == 4
+    master.pause()
+    try:
+        slowest, start, calls = 0.0, time.monotonic(), 0
+        while time.monotonic() - start < 1.5:
+            t = time.monotonic()
+            assert store.lookup(chain) == 0 and store.get(chain) == ([], 0)
+            slowest, calls = max(slowest, time.monotonic() - t), calls + 1
+        assert slowest < 0.25 + 0.25  # the request timeout (Mooncake's own is 30 s), and a connect that succeeds
+        assert calls > 10  # most calls are skipped while it cools off
+    finally:
+        master.pause(False)
+    deadline = time.monotonic() + 5
+    while store.lookup(chain) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
 def test_eviction_at_the_watermark_serves_only_leading_runs():
     _require_mooncake()
     with LocalMooncakeMaster(16 << 20) as m:  # Mooncake's smallest segment: about 1,000 pages of 16 KiB
