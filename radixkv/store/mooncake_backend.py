@@ -14,7 +14,7 @@ URL: ``mooncake://HOST:RPC_PORT[?metadata=URL&segment=BYTES&buffer=BYTES&local=H
 ``metadata`` is the master's HTTP metadata server (default
 ``http://HOST:8080/metadata``, Mooncake's default port), ``segment`` the
 memory this process lends to the pool (default 0), ``buffer`` its transfer
-buffer (default 64 MiB: one call moves at most that many bytes), ``local``
+buffer (default 64 MiB: one Mooncake call moves at most half of it), ``local``
 the address it registers and binds its transfer engine to (default: the
 address that routes to HOST, 127.0.0.1 for a loopback master). Sizes take
 ``K``/``M``/``G`` suffixes (powers of 1024).
@@ -32,7 +32,9 @@ call        Mooncake calls (round trips counted)
 ``exists``  1: ``batch_is_exist``
 ``get``     1: ``batch_is_exist`` of the held pages (``touch``) and the chain; then,
             if the chain starts with a present page, 1 ``get_batch`` per 512 pages
-            of the leading present run only (nothing past a gap is moved)
+            (fewer if the largest value seen says they would not fit half the
+            transfer buffer) of the leading present run only (nothing past a gap
+            is moved)
 ``set_nx``  1: ``batch_is_exist``; then 1 ``put_batch`` per 512 absent pages or
             ``buffer / 2`` bytes of their values, whichever comes first
 ``delete``  1: ``batch_remove(force=True)``
@@ -67,11 +69,11 @@ and before the next call a TCP connect (``timeout`` seconds at most) checks
 that its port accepts: Mooncake's client spends about 4 s inside every call
 while its master is down, and a ``setup`` against a dead master about 90 s,
 so neither is made until the port answers. A master that accepts and never
-answers (stopped, or hung) costs one ``timeout`` per cool-off. The client reconnects and the storage nodes
-remount their segments by themselves once the master is back (about a
-second); a restarted master has lost every key, so that is a cold store. A
-backend opened while its master is down sets its client up at the first call
-that finds the master up.
+answers (stopped, or hung) costs one ``timeout`` per cool-off. The client
+reconnects and the storage nodes remount their segments by themselves once
+the master is back (about a second); a restarted master has lost every key,
+so that is a cold store. A backend opened while its master is down sets its
+client up at the first call that finds the master up.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ import threading
 import time
 import urllib.request
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import ArgumentValueError, MissingExtraError, RadixKVError
@@ -260,6 +262,8 @@ class MooncakePages:
         self.timeout = timeout
         self.cooloff = Cooloff()
         self.setups = 0
+        self._largest = 0
+        """The largest value this backend has put or got: how many pages one ``get_batch`` can hold."""
         self._lock = threading.Lock()
         self._client = _Client(master)
         self._finalizer = weakref.finalize(self, self._client.close)
@@ -367,22 +371,38 @@ class MooncakePages:
         values: List[Any] = [None] * len(names)
         if present[n:n + 1] == [FAILED]:
             values[n] = FAILED
-        for batch in self._batches(range(n)):
-            got = client.get_batch([names[i] for i in batch])
+        i = 0
+        while i < n:
+            per = self._pages_per_get()
+            got = client.get_batch(names[i:i + per])
             trips += 1
-            if len(got) != len(batch):  # the client refused the whole call
-                got = [b""] * len(batch)
-            for i, value in zip(batch, got):
-                values[i] = value if value else FAILED  # present a moment ago: evicted since, or not transferred
-            if not all(got) and error is None:
-                error = ConnectionError(f"get_batch answered {sum(1 for v in got if v)} of {len(got)} present pages")
+            if len(got) != len(names[i:i + per]):  # the client refused the whole call
+                got = [b""] * len(names[i:i + per])
+            self._largest = max(self._largest, *map(len, got))
+            ok = next((j for j, value in enumerate(got) if not value), len(got))
+            values[i:i + ok] = got[:ok]
+            i += ok
+            if ok < len(got):
+                if self._pages_per_get() < per:  # the values did not fit the buffer: the rest in smaller calls
+                    continue
+                values[i] = FAILED  # present a moment ago: evicted since, or not transferred; nothing after it serves
+                error = error or ConnectionError(f"get_batch answered {ok} of {len(got)} present pages")
+                break
         return values, trips, error
+
+    def _pages_per_get(self) -> int:
+        """Pages one ``get_batch`` asks for: :data:`MAX_PAGES_PER_CALL`, or fewer if the largest value seen
+        (put or got) says they would not fit half the transfer buffer."""
+        if not self._largest:
+            return MAX_PAGES_PER_CALL
+        return max(1, min(MAX_PAGES_PER_CALL, self.config.buffer // 2 // self._largest))
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
         return self._call(keys, lambda client, names: self._set_nx(client, names, values))
 
     def _set_nx(self, client: Any, names: List[str], values: Sequence[bytes]) -> _Answer:
         present, trips, error = self._exist(client, names)
+        self._largest = max(self._largest, *map(len, values))
         stored: List[Any] = [False if p is True else FAILED for p in present]
         absent = [i for i, p in enumerate(present) if p is False]
         for chunk in self._batches(absent, values):
@@ -395,13 +415,12 @@ class MooncakePages:
                 stored[i] = True if code == 0 else FAILED
         return stored, trips, error
 
-    def _batches(self, indices: Iterable[int], values: Sequence[bytes] = ()) -> List[List[int]]:
-        """``indices`` cut into runs of at most :data:`MAX_PAGES_PER_CALL` and, given the ``values``, of at most
-        half the transfer buffer in bytes (a value larger than that goes alone: Mooncake fails it if it does
-        not fit)."""
+    def _batches(self, indices: List[int], values: Sequence[bytes]) -> List[List[int]]:
+        """``indices`` cut into runs of at most :data:`MAX_PAGES_PER_CALL` values and at most half the transfer
+        buffer in bytes (a value larger than that goes alone: Mooncake fails it if it does not fit)."""
         budget, batches, size = self.config.buffer // 2, [], 0
         for i in indices:
-            n = len(values[i]) if values else 0
+            n = len(values[i])
             if not batches or size + n > budget or len(batches[-1]) == MAX_PAGES_PER_CALL:
                 batches.append([])
                 size = 0

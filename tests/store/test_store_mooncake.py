@@ -128,6 +128,17 @@ def test_long_chains_move_in_calls_of_at_most_512_pages(store):
     assert n == 1200 and bytes(got[-1]) == b"p1199" and store.stats()["round_trips"] == before + 4 + 1 + 3
 
 
+def test_a_get_larger_than_the_transfer_buffer_moves_in_calls_that_fit(master):
+    reader = PageStore.open(master.url + "&buffer=4M", FP)  # 2 MiB a call: two pages of 1 MiB
+    chain = reader.chain(tokens(8, 9))
+    assert on(reader).put(chain, [bytes([i]) * (1 << 20) for i in range(9)]) == 9  # five puts of two pages (one of one)
+    reader.backend._largest = 0  # a reader that has seen no value yet asks for all nine at once
+    got, n = reader.get(chain)
+    assert n == 9 and [bytes(p)[:1] for p in got] == [bytes([i]) for i in range(9)]
+    assert reader.stats()["backend_errors"] == 0
+    reader.close()
+
+
 def test_engines_racing_to_write_read_one_winner_per_page(master, store):
     second = PageStore.open(master.url, FP)  # two real clients
     stores = [store, second, on(store), on(second)]
