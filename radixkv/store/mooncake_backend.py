@@ -99,7 +99,7 @@ from .backends import FAILED, Cooloff, Reply
 DEFAULT_METADATA_PORT = 8080
 """Mooncake's default HTTP metadata port (``-http_metadata_server_port``): ``metadata`` defaults to it."""
 DEFAULT_BUFFER = 64 << 20
-"""Bytes of a client's transfer buffer: what one get or put moves at most."""
+"""Bytes of a client's transfer buffer: one Mooncake call moves at most half of it."""
 LEASE_MS = 500
 """The read lease of the masters :class:`MooncakeMaster` starts (Mooncake's default is 10 s): how long a
 page read or looked up is safe from eviction. Short, so a full store can evict what was read a moment ago."""
@@ -201,18 +201,19 @@ class _Config:
         query = parse_qs(parts.query, keep_blank_values=True)
         unknown = sorted(set(query) - set(self.OPTIONS))
         if not host or port is None or parts.path not in ("", "/") or unknown or parts.fragment or parts.username:
-            raise ArgumentValueError(f"Mooncake URL must be mooncake://HOST:RPC_PORT[?{'=...&'.join(self.OPTIONS)}=...], "
-                                     f"got {url!r}")
+            options = "=...&".join(self.OPTIONS)
+            raise ArgumentValueError(f"Mooncake URL must be mooncake://HOST:RPC_PORT[?{options}=...], got {url!r}")
         opt = {name: values[-1] for name, values in query.items()}
         self.host, self.port = host, port
-        self.master = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-        self.metadata = opt.get("metadata") or f"http://{self.master.rsplit(':', 1)[0]}:{DEFAULT_METADATA_PORT}/metadata"
+        name = host if ":" not in host else f"[{host}]"  # an IPv6 address in brackets
+        self.master = f"{name}:{port}"
+        self.metadata = opt.get("metadata") or f"http://{name}:{DEFAULT_METADATA_PORT}/metadata"
         meta = urlsplit(self.metadata)
         try:
             self.metadata_addr = (meta.hostname, meta.port or 80)
-        except ValueError:
+        except ValueError:  # a port out of range
             self.metadata_addr = (None, 0)
-        if meta.scheme != "http" or not meta.hostname:
+        if meta.scheme != "http" or not self.metadata_addr[0]:
             raise ArgumentValueError(f"metadata must be the master's http://HOST:PORT/metadata, got {self.metadata!r}")
         self.segment = parse_size(opt.get("segment", "0"), "segment")
         if 0 < self.segment < MIN_SEGMENT:
