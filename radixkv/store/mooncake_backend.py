@@ -375,10 +375,11 @@ class MooncakePages:
         i = 0
         while i < n:
             per = self._pages_per_get()
-            got = client.get_batch(names[i:i + per])
+            asked = names[i:min(n, i + per)]
+            got = client.get_batch(asked)
             trips += 1
-            if len(got) != len(names[i:i + per]):  # the client refused the whole call
-                got = [b""] * len(names[i:i + per])
+            if len(got) != len(asked):  # the client refused the whole call
+                got = [b""] * len(asked)
             self._largest = max(self._largest, *map(len, got))
             ok = next((j for j, value in enumerate(got) if not value), len(got))
             values[i:i + ok] = got[:ok]

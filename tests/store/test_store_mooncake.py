@@ -113,7 +113,7 @@ def test_round_trips_first_writer_wins_and_leading_runs(master, store):
     before = store.stats()
     assert store.lookup(chain) == 5 and store.get(chain)[1] == 5
     after = store.stats()
-    assert after["misses"] - before["misses"] == 11
+    assert after["misses"] - before["misses"] == 11 and after["backend_errors"] == before["backend_errors"]
     assert after["bytes_read"] - before["bytes_read"] == sum(codec.HEADER_BYTES + len(b"a%d" % i) for i in range(5))
     assert store.put(chain, [b"c"] * 16) == 1  # only the missing page is written
     assert [bytes(p) for p in store.get(chain)[0]][4:7] == [b"a4", b"c", b"a6"]
