@@ -297,3 +297,18 @@ def test_open_store_mooncake_starts_its_own_master_and_stops_it():
     del store
     gc.collect()
     assert not master.running and not os.path.exists(master.dir)
+
+
+def test_a_cluster_over_its_own_mooncake_shares_one_master():
+    """Cluster(store="mooncake"): the first instance's store starts a master, the others join it, so a
+    page one instance wrote is served to another."""
+    _require_mooncake()
+    from radixkv.cluster import Cluster
+
+    cluster = Cluster(2, num_blocks=8, page_size=2, store="mooncake")
+    assert len({inst.cache.store.backend.url for inst in cluster.instances}) == 1
+    cluster.admit([1, 2, 3, 4])[1].release()
+    i, adm = cluster.admit([1, 2, 3, 4, 5, 6])
+    adm.release()
+    assert i == 1 and adm.hit_tokens == 4 and cluster.instances[1].cache.hit_tokens_by_tier["store"] == 4
+    cluster.check()
