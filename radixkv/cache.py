@@ -39,6 +39,7 @@ from . import victims as _victims
 from .victims import make_queue, rank_key
 
 _NO_BLOCKS = np.empty(0, dtype=BLOCK_DTYPE)
+_NO_KEYS = np.empty(0, dtype=np.uint64)
 _ALIVE = attrgetter("alive")  # a pending leaf is ranked only while it is in the tree
 
 
@@ -337,6 +338,7 @@ class PrefixCache:
         self.copied_blocks = 0
         """Pages copied from another tenant's partition (a sharing rule that shares by copy; monotonic)."""
         self._copied = 0  # pages the last descent copied
+        self._identities: Tuple[Optional[bytes], Any, np.ndarray] = (None, None, _NO_KEYS)  # see _page_identities
         self._pins: dict = {}  # pinned node -> pin count; each pin holds one lock on the path
         self._locks: dict = {}  # node -> locks taken by lock() and not yet undone by unlock()
         self._admitted: dict = {}  # node -> unreleased admissions holding it; each holds one lock
@@ -1020,13 +1022,21 @@ class PrefixCache:
             pages = [payload[b] for b in blocks.tolist()] if payload is not None else [b""] * len(blocks)
             self._store.put(chain, pages, start)
 
+    def _page_identities(self, data: bytes, num_pages: int, namespace: Optional[str]) -> np.ndarray:
+        """The copy index's keys of the request with key bytes ``data``: hashed once a request (its
+        copy-in and its release both need them). O(tokens) numpy the first time, O(1) after."""
+        memo = self._identities
+        if memo[0] is not data or memo[1] != namespace or len(memo[2]) != num_pages:
+            memo = self._identities = (data, namespace, self._copies.request_keys(data, num_pages, namespace))
+        return memo[2]
+
     def _finish_asking(self, tenant: Optional[str], data: bytes, num_pages: int, namespace: Optional[str],
                        finish: Callable[[bool], None], aborted: bool) -> None:
         """End an admission under a rule that shares by copy: ``finish`` it, and a release records
         ``tenant`` as an asker of every page of the request (an abort asks for nothing)."""
         finish(aborted)
         if not aborted:
-            self._copying.asked(tenant, self._copies.request_keys(data, num_pages, namespace))
+            self._copying.asked(tenant, self._page_identities(data, num_pages, namespace))
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
@@ -1390,7 +1400,7 @@ class PrefixCache:
         ``tenant``'s partition, as a load from a lower tier would. The source pages are read, not
         touched, locked or split. O(pages looked up + pages copied)."""
         copies = self._copies
-        keys = copies.request_keys(data, num_pages, namespace)
+        keys = self._page_identities(data, num_pages, namespace)
         held, source = copies.holders(keys, pos, exclude=root.namespace)
         if source is None:
             return node, pos

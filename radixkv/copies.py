@@ -83,11 +83,9 @@ class CopyIndex:
 
     def node_keys(self, node: Node, partition: Hashable) -> np.ndarray:
         """Keys of ``node``'s pages, chained on its parent's last page. O(pages) numpy."""
-        salt = self.keys.salt(namespace_part(partition))
         parent = node.parent
-        free = np.uint64(0) if parent.parent is None else self._block_key[parent.last_block] ^ salt
-        tokens = np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=node.num_pages * self.page_size)
-        return self.keys.extend(tokens, node.start, node.num_pages, free) ^ salt
+        parent_key = None if parent.parent is None else int(self._block_key[parent.last_block])
+        return self.keys.node_keys(node, parent_key, namespace_part(partition))
 
     def removed(self, blocks: np.ndarray) -> None:
         """Cached ``blocks`` leave HBM. O(len(blocks))."""
@@ -139,14 +137,12 @@ class CopyIndex:
         node, parents before children. O(cached pages)."""
         expected: Dict[int, Dict[Hashable, None]] = {}
         count = 0
-        last: Dict[Node, np.uint64] = {}
+        last: Dict[Node, int] = {}
         for partition, node in nodes_by_partition:
-            salt = self.keys.salt(namespace_part(partition))
             parent = node.parent
-            free = np.uint64(0) if parent.parent is None else last[parent] ^ salt
-            tokens = np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=node.num_pages * self.page_size)
-            keys = self.keys.extend(tokens, node.start, node.num_pages, free) ^ salt
-            last[node] = keys[-1]
+            keys = self.keys.node_keys(node, None if parent.parent is None else last[parent],
+                                       namespace_part(partition))
+            last[node] = int(keys[-1])
             for block, key in zip(extents.id_list(node.parts), keys.tolist()):
                 assert self._held[block] and int(self._block_key[block]) == key, (
                     f"copy index: block {block} of {partition!r} indexed as {self._block_key[block]}, holds {key}")

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import extents
-from .keys import TOKEN_DTYPE, as_tokens
+from .keys import as_tokens
 from .page_keys import PrefixKeys
 from .tree import namespace_of
 
@@ -146,10 +146,7 @@ class GlobalPageIndex:
     def node_keys(self, node, parent_key: Optional[int]) -> np.ndarray:
         """The keys of ``node``'s pages (``uint64``), chained on its parent's last page key (``None``:
         it starts its namespace). O(pages) numpy."""
-        salt = self.keys.salt(namespace_of(node))
-        free = np.uint64(0) if parent_key is None else np.uint64(parent_key) ^ salt
-        tokens = np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=node.num_pages * self.page_size)
-        return self.keys.extend(tokens, node.start, node.num_pages, free) ^ salt
+        return self.keys.node_keys(node, parent_key, namespace_of(node))
 
     def expect(self, instance: int, keys: Optional[np.ndarray]) -> None:
         """The pages ``instance`` stores until the next call are the request's with ``keys``
@@ -157,10 +154,6 @@ class GlobalPageIndex:
         self._members[instance][1].expect(keys)
 
     # ------------------------------------------------------------------ queries
-    def holders(self, key: int) -> int:
-        """Bitmask of the instances holding the page with ``key`` in HBM (0: none). O(1)."""
-        return self._holders.get(key, 0)
-
     def longest(self, keys: np.ndarray, start: int, exclude: int) -> Tuple[int, Optional[int]]:
         """``(pages, source)``: how many leading pages of the request with ``keys`` other instances than
         ``exclude`` hold, counting on from page ``start`` (the pages the serving instance has),
@@ -186,10 +179,6 @@ class GlobalPageIndex:
     def __len__(self) -> int:
         """Distinct pages held in some instance's HBM."""
         return len(self._holders)
-
-    @property
-    def num_instances(self) -> int:
-        return len(self._members)
 
     def pages_by_instance(self) -> List[int]:
         """Pages each instance has in the index now."""

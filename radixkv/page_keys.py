@@ -140,6 +140,16 @@ class PrefixKeys:
         h -= np.repeat(before, sizes)
         out[at : at + total] = h
 
+    def node_keys(self, node, parent_key: Optional[int], namespace: Optional[str]) -> np.ndarray:
+        """Salted keys (``uint64``) of a tree ``node``'s pages in ``namespace``, chained on
+        ``parent_key``, the salted key of the page before its first (``None``: it starts its
+        namespace). What an index of cached pages computes for a node it was not told the keys
+        of. O(pages) numpy."""
+        salt = self.salt(namespace)
+        free = _U64(0) if parent_key is None else _U64(parent_key) ^ salt
+        tokens = np.frombuffer(node.key, dtype=TOKEN_DTYPE, count=node.num_pages * self.page_size)
+        return self.extend(tokens, node.start, node.num_pages, free) ^ salt
+
     def salt(self, namespace: Optional[str]) -> np.uint64:
         """The 64-bit salt XORed into ``namespace``'s keys (0 for ``None``): a keyed blake2b of its
         text, keyed by the seed. Memoized, boundedly: single-use namespaces must not grow memory
