@@ -24,7 +24,7 @@ from .cache import PrefixCache
 from .capacity import ModelLike, describe, parse_bytes, parse_capacities, parse_capacity, resolve_blocks
 from .costs import (DEFAULT_HARDWARE, DEFAULT_MODEL, HARDWARE, MODELS, CostModel, HardwareSpec, ModelSpec,
                     get_hardware, get_model, kv_bytes_per_page, kv_bytes_per_token, prefill_flops)
-from .errors import ArgumentValueError
+from .errors import ArgumentValueError, MissingExtraError
 from .analysis.replay import ReplayResult
 from .analysis.replay import replay as replay_requests
 from .workload.sharegpt import load_sharegpt
@@ -56,8 +56,16 @@ class Records(list):
         return [asdict(r) if hasattr(r, "__dataclass_fields__") else dict(r) for r in self]
 
     def to_dataframe(self):
-        """The records as a ``pandas.DataFrame`` (needs pandas; nothing else in radixkv does)."""
-        import pandas
+        """The records as a ``pandas.DataFrame`` (needs pandas; nothing else in radixkv does).
+
+        Raises:
+            MissingExtraError: pandas is not installed (an ``ImportError`` that says what to install).
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise MissingExtraError("Records.to_dataframe() needs pandas: pip install pandas "
+                                    "(to_records() gives the same rows as plain dicts)") from None
 
         return pandas.DataFrame(self.to_records())
 

@@ -19,10 +19,10 @@ import click
 from . import policies
 from .cache import PrefixCache
 from .capacity import describe, parse_capacity, resolve_blocks
-from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL
+from .costs import DEFAULT_HARDWARE, DEFAULT_MODEL, MODELS
 from .errors import ArgumentValueError, RadixKVError
 from .keys import check_int
-from .analysis.output import OUTPUT_FORMATS, pick_columns, render, to_json
+from .analysis.output import OUTPUT_FORMATS, figure, pick_columns, render, to_json
 from .analysis.replay import ReplayResult, replay
 from .workload.sources import TRACE_FORMATS, open_trace
 from .workload.tracefiles import replacing
@@ -43,11 +43,38 @@ def user_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except BrokenPipeError:  # `radixkv replay T | head -1`: the reader has stopped, not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            sys.exit(0)
         except (RadixKVError, ValueError, TypeError, OSError) as exc:
             click.echo(f"radixkv: error: {exc}", err=True)
             sys.exit(2)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def naming(what: str, path: str):
+    """Run the block, an ``OSError`` it raises (a missing file, a folder that cannot be made) turned
+    into an :class:`ArgumentValueError` naming ``what`` (the flag or argument) and ``path``. O(1)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise ArgumentValueError(f"{what} {path}: {(exc.strerror or str(exc)).lower()}") from None
+
+
+def output_file(flag: str, path: Optional[str]) -> Optional[str]:
+    """``path`` of an output flag (``-o``, ``--records``), its missing parent folders created as
+    ``gen -o`` and ``plot -o`` do, so a run never fails at its end for want of a folder; errors name
+    ``flag``. ``None`` and ``-`` (stdout) pass. O(depth of the path)."""
+    if path and path != "-":
+        with naming(flag, path):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            if os.path.isdir(path):
+                raise IsADirectoryError(21, "Is a directory")
+    return path
 
 
 def progress(total: Optional[int], quiet: bool, desc: str, unit: str = "req"):
@@ -128,8 +155,10 @@ def tokenizer_option(fn: Callable) -> Callable:
 
 def cli_trace(trace: str, trace_fmt: Optional[str], limit: Optional[int], skip_bad: bool,
               tokenizer_path: Optional[str] = None):
-    """:func:`open_trace` for a command, with ``--tokenizer`` loaded (its errors name the flag)."""
-    reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+    """:func:`open_trace` for a command, with ``--tokenizer`` loaded (its errors name the flag, and a
+    file that cannot be read names TRACE)."""
+    with naming("TRACE", trace):
+        reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
     if tokenizer_path is None:
         return reader
     if reader.format != "sharegpt":
@@ -188,7 +217,7 @@ def tier_blocks(flag: str, text: str, page_size: int, model: str) -> int:
 def capacity_line(num_blocks: int, page_size: int, model: Optional[str]) -> str:
     """``187,500 blocks = 3,000,000 tokens = 366.2 GiB of llama-3-8b KV``."""
     size = describe(num_blocks, page_size, model)
-    gib = f" = {size['capacity_gib']:,.1f} GiB of {model} KV" if model else ""
+    gib = f" = {figure(size['capacity_gib'])} GiB of {model} KV" if model else ""
     return f"{num_blocks:,} blocks = {size['capacity_tokens']:,} tokens{gib}"
 
 
@@ -222,6 +251,10 @@ def limit_option(verb: str) -> Callable:
     """``--limit N``: ``verb`` only the first N requests (at most :data:`~radixkv.workload.limits.MAX_REQUESTS`)."""
     return click.option("--limit", default=None, type=int, callback=bounded(MAX_REQUESTS, minimum=0),
                         help=f"{verb} only the first N requests (at most {spell(MAX_REQUESTS)}).")
+
+
+POLICY_HELP = f"Eviction policy: {', '.join(policies.available())}."
+"""``--policy``'s help: every registered name (an alias is accepted too)."""
 
 
 def policy_name(ctx, param, value):
@@ -262,7 +295,7 @@ def records_writer(path: Optional[str]):
     if not path:
         yield None
         return
-    with replacing(path) as sink:
+    with replacing(output_file("--records", path)) as sink:
         yield lambda record, **extra: sink.write(to_json({**record.as_dict(), **extra}) + "\n")
 
 
@@ -271,8 +304,8 @@ def show_savings(out: dict, out_fmt: str) -> None:
     if out.get("miss_tokens_by_reason"):
         click.echo()
         show(miss_rows(out), ["miss_reason", "tokens", "share_of_prompt"], out_fmt, None)
-    click.echo(f"\nprefill saved: {out['prefill_flops_saved'] / 1e15:.4g} PFLOP, "
-               f"{out['ttft_saving_seconds']:.4g} s of TTFT ({out['model']} on {out['hardware']})")
+    click.echo(f"\nprefill saved: {figure(out['prefill_flops_saved'] / 1e15)} PFLOP, "
+               f"{figure(out['ttft_saving_seconds'])} s of TTFT ({out['model']} on {out['hardware']})")
 
 
 def miss_rows(result: dict) -> list:
@@ -292,7 +325,7 @@ def main() -> None:
 
 @main.command("replay")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
+@click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
 @page_size_option
 @capacity_options("HBM cache capacity")
 @output_options
@@ -386,9 +419,9 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     if out_fmt == "json":
         show([out], REPLAY_COLUMNS, out_fmt, columns)
     elif out_fmt == "csv" or columns:
-        show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, columns)
+        show(sweep_table_rows([out], model), REPLAY_COLUMNS, out_fmt, columns)
     else:
-        show([with_capacity(out, model)], REPLAY_COLUMNS, out_fmt, None)
+        show(sweep_table_rows([out], model), REPLAY_COLUMNS, out_fmt, None)
         click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity: {capacity_line(num_blocks, page_size, model)}")
         if tiered:
@@ -410,9 +443,6 @@ def store_for(url: Optional[str], store_blocks: Optional[int], page_size: int):
         if store_blocks is not None:
             raise ArgumentValueError("--store-blocks needs --store memory (an in-process store)")
         return None
-    if store_blocks is not None and not url.startswith("memory"):
-        raise ArgumentValueError("--store-blocks bounds an in-process --store; a Redis server is bounded by its "
-                                 "maxmemory")
     try:
         return open_store(url, page_size, store_blocks=store_blocks)
     except ArgumentValueError as exc:
@@ -450,7 +480,8 @@ def tier_faults(tiers: list) -> dict:
 
 
 REPLAY_COLUMNS = ["policy", "num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate",
-                  "evicted_blocks", "request_hit_rate"]
+                  "request_hit_rate", "ttft_saving_seconds", "evicted_blocks", "prefill_pflops_saved"]
+"""A replay's table and CSV columns: a sweep's (:data:`SWEEP_COLUMNS`), so the two CSVs stack."""
 TIER_COLUMNS = ["hit_tokens_by_tier", "dropped_pages", "lost_pages", "lost_hosts", "backend_errors"]
 
 
@@ -462,8 +493,8 @@ def tier_row(out: dict) -> dict:
 
 def tier_traffic(out: dict) -> str:
     """One line on what the lower tiers moved: bytes by link, transfer time, recomputes."""
-    links = ", ".join(f"{link} {moved / 2**30:,.3f}" for link, moved in (out.get("bytes_by_link") or {}).items())
-    return (f"moved GiB: {links or 'none'}; transfers {out['transfer_seconds']:.4g} s; "
+    links = ", ".join(f"{link} {figure(moved / 2**30)}" for link, moved in (out.get("bytes_by_link") or {}).items())
+    return (f"moved GiB: {links or 'none'}; transfers {figure(out['transfer_seconds'])} s; "
             f"{out['recomputed_tokens']:,} tokens recomputed; {out['integrity_misses']:,} integrity misses")
 
 
@@ -543,8 +574,7 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')}; no plot: {exc}")
 
 
-SWEEP_COLUMNS = ["policy", "num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", "token_hit_rate",
-                 "request_hit_rate", "ttft_saving_seconds", "evicted_blocks", "prefill_pflops_saved"]
+SWEEP_COLUMNS = REPLAY_COLUMNS
 
 
 def sweep_table_rows(rows: list, model: Optional[str]) -> list:
@@ -587,7 +617,8 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @main.command("sweep")
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--policies", "policy_list", default="lru", show_default=True,
-              help="Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady.")
+              help=f"Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady; of "
+                   f"{', '.join(policies.available())}.")
 @click.option("--capacities", required=True, help=CAPACITIES_HELP)
 @click.option("--jobs", default=1, show_default=True, type=int, callback=bounded(MAX_JOBS),
               help=f"Parallel worker processes, each replaying whole runs (at most {spell(MAX_JOBS)}).")
@@ -619,7 +650,7 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
     if trace == "-":
         rows = [{**row, "trace": "-"} for row in rows]
     if output:
-        write_jsonl(rows, output)
+        write_jsonl(rows, output_file("--output", output))
     show(rows if out_fmt == "json" else sweep_table_rows(rows, model), SWEEP_COLUMNS, out_fmt, columns)
     if rows and rows[0]["skipped_lines"] and out_fmt != "json":
         click.echo(f"skipped {rows[0]['skipped_lines']} malformed lines", err=True)
@@ -635,7 +666,8 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
 @limit_option("Use")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model whose KV bytes size the GiB column.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, type=click.Choice(sorted(MODELS)),
+              help="Model whose KV bytes size the GiB column.")
 @tokenizer_option
 @user_errors
 def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model,
@@ -686,9 +718,10 @@ def plot_cmd(results, output, title) -> None:
     and prefill saved against capacity, one line per policy, Belady dashed as the ceiling."""
     from .analysis.plot import plot_results, read_results
 
-    rows = read_results(results)
+    with naming("RESULTS", results):
+        rows = read_results(results)
     try:
-        plot_results(rows, output, title=title)
+        plot_results(rows, output_file("--output", output), title=title)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}")
@@ -707,19 +740,14 @@ def plot_cmd(results, output, title) -> None:
 def gen_cmd(kind, seed, num_requests, output, params) -> None:
     """Write a seeded synthetic workload of KIND (system_prompt, multi_turn, rag, agent, long_doc_qa,
     scan, mix, multitenant) as token JSONL. Parameters and their meaning: `pydoc radixkv.workload.generators`."""
-    import os
-
     from .workload.generators import generate, write_token_jsonl
 
     requests = generate(kind, seed, num_requests, **gen_params(params))
-    if output == "-":
-        try:
-            write_token_jsonl(requests, sys.stdout)
-            sys.stdout.flush()
-        except BrokenPipeError:  # `radixkv gen ... | head`: the reader has stopped, not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+    if output == "-":  # a reader that stops early (`| head`) ends the command quietly: user_errors
+        write_token_jsonl(requests, sys.stdout)
+        sys.stdout.flush()
     else:
-        count = write_token_jsonl(requests, output)
+        count = write_token_jsonl(requests, output_file("--output", output))
         click.echo(f"wrote {count} requests to {output}", err=True)
 
 
@@ -794,7 +822,8 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
     else:
         if params:
             raise ArgumentValueError("--param applies to the generated workload, not to a trace file")
-        requests, source = held(open_trace(workload), workload), workload
+        with naming("--workload", workload):
+            requests, source = held(open_trace(workload), workload), workload
     result = attack(requests, sharing=sharing, page_size=page_size, num_blocks=num_blocks, attacker=attacker,
                     **options).as_dict()
     if not (as_json or quiet):
@@ -832,9 +861,8 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="A shared page store read past the cache's own pages and written through at each release: "
                    "memory (in-process), memory://NAME, or redis://HOST:PORT[/DB] (a server or a cluster).")
 @click.option("--store-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
-              help=f"Pages an in-process --store holds at most (least recently used go first), or with "
-                   f"--processes and no --store the redis-server it starts (its maxmemory: pydoc "
-                   f"radixkv.fleet.server); at most {CAPACITY_BOUND}.")
+              help=f"Pages the --store holds at most, least recently used evicted exactly (in-process, or kept "
+                   f"by a single Redis server: pydoc radixkv.store.redis_lru); at most {CAPACITY_BOUND}.")
 @click.option("--global-index/--no-global-index", default=False, show_default=True,
               help="Index every instance's HBM pages cluster-wide: a request pulls the pages past its own hit "
                    "from the peer that holds them (hits charged a network transfer).")
@@ -843,7 +871,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
                    f"sharing --store redis://HOST:PORT, or a redis-server started for the run on a free loopback "
                    f"port and sized by --store-blocks; round robin, every hit page's bytes checked (at most "
                    f"{spell(MAX_JOBS)}).")
-@click.option("--policy", default="lru", show_default=True, callback=policy_name, help="Eviction policy.")
+@click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
 @page_size_option
 @output_options
 @limit_option("Replay")
@@ -909,7 +937,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                        f"{st.get('integrity_misses', 0):,} integrity misses, {st.get('backend_errors', 0):,} errors")
         if global_index:
             click.echo(f"pulled from peers: {result.peer_hit_tokens:,} tokens ({result.pages_pulled:,} pages), "
-                       f"{result.peer_transfer_seconds:,.1f} s of transfer\n"
+                       f"{figure(result.peer_transfer_seconds)} s of transfer\n"
                        f"cluster-wide index: {result.index_pages:,} pages, {result.index_us_per_request:,.0f} us "
                        f"a request")
         show_savings(out, out_fmt)
@@ -935,9 +963,6 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
     if store_url is not None and not store_url.startswith(("redis://", "rediss://")):
         raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT, or no "
                                  f"--store (a redis-server is started for the run); got --store {store_url}")
-    if store_url is not None and store_blocks is not None:
-        raise ArgumentValueError("--store-blocks sizes the redis-server --processes starts; the --store server is "
-                                 "bounded by its own maxmemory")
     if store_url is None and shutil.which("redis-server") is None:
         raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
                                  "--store redis://HOST:PORT")

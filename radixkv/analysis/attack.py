@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Dict, Iterable, List, Optional, Union
 
 from ..cache import PrefixCache
+from ..errors import ArgumentValueError
 from ..keys import check_positive_int
 from ..page_keys import PageInterner
 from ..tenancy import Sharing, create
@@ -75,10 +76,20 @@ def attack(requests: Iterable[Request], *, sharing: Union[str, Sharing] = "share
     so nothing is evicted and the sharing rule alone decides the hits. Each
     request is admitted and released at once (a batch of one). Cost: O(total
     tokens) for the page ids plus the replay.
+
+    Raises:
+        ArgumentValueError: no request is the attacker's (a trace without tenants, or another
+            attacker name): there would be nothing to measure, and "0 probes" would read as a
+            defence that held. A bad ``page_size``, sharing name or option.
     """
     page_size = check_positive_int(page_size, "page_size")
     rule = create(sharing, **options).fresh()  # a rule instance given is left untouched, each run starts clean
     trace = list(requests)
+    if not any(request.tenant == attacker for request in trace):
+        tenants = sorted({r.tenant for r in trace if r.tenant is not None})
+        seen = f"its tenants are {', '.join(map(repr, tenants[:5]))}" if tenants else "it has no tenant field"
+        raise ArgumentValueError(f"no request of the attacker tenant {attacker!r} in the trace ({len(trace):,} "
+                                 f"requests; {seen}): nothing to measure")
     interners: Dict[Optional[str], PageInterner] = {}
     pages: List[list] = []
     honest_senders: Dict[tuple, set] = {}  # page -> honest tenants that send it (two at most are kept)

@@ -53,6 +53,12 @@ def cell(column: str, value: object) -> str:
     return str(value)
 
 
+def figure(value: float) -> str:
+    """A float in prose as the tables print it (``22,190.53``, ``0.02``, ``0.0031``), so a sentence
+    under a table never shows the same quantity in another notation. O(1)."""
+    return cell("", float(value))
+
+
 def _numeric(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
