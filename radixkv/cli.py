@@ -441,7 +441,7 @@ def store_for(url: Optional[str], store_blocks: Optional[int], page_size: int):
 
     if url is None:
         if store_blocks is not None:
-            raise ArgumentValueError("--store-blocks needs --store memory (an in-process store)")
+            raise ArgumentValueError("--store-blocks needs a --store to bound (memory, or redis://HOST:PORT)")
         return None
     try:
         return open_store(url, page_size, store_blocks=store_blocks)
@@ -963,6 +963,8 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
     if store_url is not None and not store_url.startswith(("redis://", "rediss://")):
         raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT, or no "
                                  f"--store (a redis-server is started for the run); got --store {store_url}")
+    if store_url is not None and store_blocks is not None and "capacity=" in store_url:
+        raise ArgumentValueError("give the store's page bound once: --store-blocks or the URL's ?capacity=")
     if store_url is None and shutil.which("redis-server") is None:
         raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
                                  "--store redis://HOST:PORT")

@@ -55,7 +55,7 @@ from .tiers.host import HostTier
 from .tiers.lending import BorrowedTier
 from .tiers.tiered import TieredCache
 from .tiers.config import open_store
-from .store import drop_memory
+from .store import COUNTERS as STORE_COUNTERS, drop_memory
 from .global_index import GlobalPageIndex
 
 ROUTING = ("round_robin", "least_loaded", "cache_aware")
@@ -472,12 +472,16 @@ def sum_counts(counts: Iterable[Mapping[str, int]]) -> Dict[str, int]:
 
 
 def store_counters(store) -> Dict[str, int]:
-    """The integer counters of a page store's ``stats()`` (empty for ``None``): what a fleet sums over its
-    instances (a backend's text fields, its URL and kind, are left out)."""
+    """What a fleet sums over its instances of a page store's ``stats()`` (empty for ``None``): the store's
+    own counters (:data:`~radixkv.store.COUNTERS`) and the pages its backend evicted (``evictions``; a
+    backend several stores share counts its evictions once: see :meth:`Cluster._store_stats`). The
+    backend's state (its URL, its pages, its capacity) is left out: it is not a sum."""
     if store is None:
         return {}
-    return {name: value for name, value in store.stats().items()
-            if isinstance(value, int) and not isinstance(value, bool)}
+    stats = store.stats()
+    out = {name: stats[name] for name in STORE_COUNTERS}
+    out["evictions"] = int(stats.get("evictions", 0))
+    return out
 
 
 def stats_totals(stats: Sequence[ReplayStats]) -> Dict[str, object]:
@@ -810,8 +814,14 @@ class Cluster:
         return count, borrowed_seconds, seconds0
 
     def _store_stats(self) -> Dict[str, int]:
-        """The instances' page-store counters, summed (empty without a store)."""
-        return sum_counts(store_counters(inst.cache.store) for inst in self.instances)
+        """The instances' page-store counters, summed (empty without a store); the evictions of each backend
+        once (the instances of an in-process store share one)."""
+        stores = [inst.cache.store for inst in self.instances if inst.cache.store is not None]
+        out = sum_counts(store_counters(store) for store in stores)
+        if stores:
+            backends = {id(store.backend): store for store in stores}
+            out["evictions"] = sum(store_counters(store)["evictions"] for store in backends.values())
+        return out
 
     def crash(self, index: int) -> int:
         """Instance ``index`` loses its memory and restarts empty; return the pages its debtors lost.

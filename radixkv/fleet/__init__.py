@@ -7,14 +7,13 @@ embedding its own :class:`~radixkv.tiers.TieredCache` over the shared
 :class:`~radixkv.store.PageStore`, and reports what the in-process simulator
 reports (round robin routing), with every hit page's bytes checked. Modules:
 :mod:`~radixkv.fleet.server` (the redis-server a fleet starts when it is given
-no store, and its ``maxmemory`` formula), :mod:`~radixkv.fleet.worker` (one
+no store), :mod:`~radixkv.fleet.worker` (one
 serving process, its payloads and checks), :mod:`~radixkv.fleet.coordinator`
 (starting, feeding, counting, stopping).
 """
 
 from .coordinator import Fleet, FleetError, FleetResult, replay_fleet
-from .server import LocalRedis, maxmemory_bytes, store_server
+from .server import LocalRedis
 from .worker import page_payloads
 
-__all__ = ["Fleet", "FleetError", "FleetResult", "LocalRedis", "maxmemory_bytes", "page_payloads", "replay_fleet",
-           "store_server"]
+__all__ = ["Fleet", "FleetError", "FleetResult", "LocalRedis", "page_payloads", "replay_fleet"]

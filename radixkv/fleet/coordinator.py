@@ -4,7 +4,10 @@
 context: a fresh interpreter, no forked copy of a process holding sockets),
 each running :func:`radixkv.fleet.worker.run_worker` over the shared store,
 and, when it is given no store URL, the redis-server they share
-(:func:`radixkv.fleet.server.store_server`). :meth:`Fleet.replay` routes round
+(:class:`radixkv.fleet.server.LocalRedis`). A page bound (``store_blocks``) is
+the store URL's ``?capacity=``: an exact LRU the server keeps
+(:mod:`radixkv.store.redis_lru`), so the processes evict what the simulator's
+in-process store evicts. :meth:`Fleet.replay` routes round
 robin (request ``i`` to worker ``i % N``) and keeps the simulator's books:
 one :class:`~radixkv.analysis.stats.ReplayStats` per instance here, fed through
 :func:`radixkv.cluster.count_request` with what the workers report, and the
@@ -39,6 +42,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -51,8 +55,8 @@ from ..keys import as_tokens, check_namespace, check_positive_int
 from ..store.backends import redact
 from ..tiers.tiered import default_cost_model
 from ..workload.traces import Request
-from .server import LocalRedis, store_server
-from .worker import DTYPE, KV_SHAPE, REPORT_FIELDS, WorkerSpec, run_worker
+from .server import LocalRedis
+from .worker import REPORT_FIELDS, WorkerSpec, run_worker
 
 CHUNK_REQUESTS = 256
 """Requests the coordinator ships per chunk at most (split among the workers)."""
@@ -85,15 +89,15 @@ class FleetResult:
         processes: serving processes (one instance each).
         wrong_pages: hit pages whose payload differed from what their tokens must hold (must be 0).
         verified_pages: hit pages checked, bit for bit.
-        store_maxmemory_bytes: the ``maxmemory`` of the redis-server the fleet started (0: unbounded;
-            ``None``: a store it was given).
+        store_capacity_pages: the pages the store holds at most, least recently used evicted (``None``:
+            unbounded, or bounded only by the server's own ``maxmemory``).
     """
 
     cluster: ClusterResult
     processes: int
     wrong_pages: int
     verified_pages: int
-    store_maxmemory_bytes: Optional[int]
+    store_capacity_pages: Optional[int]
 
     def as_dict(self) -> dict:
         """The cluster's fields, then this result's own (one flat dict: the CLI's JSON)."""
@@ -130,8 +134,8 @@ class Fleet:
             policy (``belady``) is refused: its future requests would have to be shipped ahead.
         store: the shared store's URL, ``redis://HOST:PORT[/DB]`` (a server or a cluster); ``None``
             starts a redis-server of the fleet's own on a free loopback port, stopped by :meth:`close`.
-        store_blocks: with ``store=None``, the pages that server holds (``maxmemory``, least recently
-            used evicted: :func:`~radixkv.fleet.server.maxmemory_bytes`); ``None``: unbounded.
+        store_blocks: the pages the store holds, least recently used evicted exactly (the URL's
+            ``?capacity=``, kept by a single server: :mod:`~radixkv.store.redis_lru`); ``None``: unbounded.
         miss_reasons: classify missed tokens as the simulator does (each worker reports the pages
             another namespace caches).
         timeout: seconds the fleet may go without serving a request, or a worker without answering,
@@ -158,11 +162,10 @@ class Fleet:
         if store is not None and not (isinstance(store, str) and store.startswith(("redis://", "rediss://"))):
             raise ArgumentValueError(f"a fleet's store must be one its processes share, redis://HOST:PORT, "
                                      f"got {store!r}")
-        if store is not None and store_blocks is not None:
-            raise ArgumentValueError("store_blocks sizes the redis-server a fleet starts; a store URL's server is "
-                                     "bounded by its own maxmemory")
         if store_blocks is not None:
             check_positive_int(store_blocks, "store_blocks")
+            if store is not None and "capacity=" in urlsplit(store).query:
+                raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.processes = processes
@@ -172,7 +175,7 @@ class Fleet:
         self.miss_reasons = bool(miss_reasons)
         self.server: Optional[LocalRedis] = None
         """The redis-server the fleet started (``None``: it was given a store URL)."""
-        self.store_maxmemory_bytes: Optional[int] = None
+        self.store_capacity_pages = store_blocks
         self.workers: List[_Worker] = []
         self._next = 0  # the worker the next request goes to (round robin)
         self._start = 0  # the worker of the replay's first request
@@ -183,8 +186,10 @@ class Fleet:
         self._closing = False
         try:
             if store is None:
-                self.server = self._start_server(store_blocks)
+                self.server = self._start_server()
             self.store_url = store if store is not None else self.server.url
+            if store_blocks is not None:
+                self.store_url += ("&" if urlsplit(self.store_url).query else "?") + f"capacity={store_blocks}"
             ctx = multiprocessing.get_context(START_METHOD)
             self._batons = [ctx.Semaphore(0) for _ in range(processes)]
             self._served = ctx.RawValue("q", 0)
@@ -207,18 +212,14 @@ class Fleet:
             self.close()
             raise
 
-    def _start_server(self, store_blocks: Optional[int]) -> LocalRedis:
-        payload = self.page_size * int(np.prod(KV_SHAPE)) * DTYPE.itemsize
+    def _start_server(self) -> LocalRedis:
         try:
-            server = store_server(store_blocks, payload, self.processes)
+            server = LocalRedis()
         except FileNotFoundError:
             raise FleetError("a fleet needs a redis-server on PATH (apt-get install redis-server) or a store URL "
                              "(redis://HOST:PORT)") from None
         except RuntimeError as exc:
             raise FleetError(f"the fleet's store: {exc}") from None
-        self.store_maxmemory_bytes = 0
-        if store_blocks is not None:
-            self.store_maxmemory_bytes = int(server_maxmemory(server))
         return server
 
     # ------------------------------------------------------------------ waiting
@@ -406,7 +407,7 @@ class Fleet:
             borrowed_hit_tokens=0, borrowed_transfer_seconds=0.0, manager_seconds=0.0, manager_us_per_request=0.0,
             wall_seconds=seconds, **stats_totals(stats), store=redact(self.store_url),
             store_hit_tokens=by_tier.get("store", 0), store_stats=sum_counts(t["store_stats"] for t in totals))
-        return FleetResult(cluster, self.processes, wrong, verified, self.store_maxmemory_bytes)
+        return FleetResult(cluster, self.processes, wrong, verified, self.store_capacity_pages)
 
     # ------------------------------------------------------------------ the end
     def close(self) -> None:
@@ -457,17 +458,6 @@ def _last_words(w: _Worker) -> str:
     except (EOFError, OSError):
         pass
     return ""
-
-
-def server_maxmemory(server: LocalRedis) -> int:
-    """The ``maxmemory`` a running server reports (bytes; 0: unbounded), through redis-py. One round trip."""
-    from ..store.redisio import client_from_url
-
-    client = client_from_url(server.url, 5.0)
-    try:
-        return int(client.config_get("maxmemory")["maxmemory"])
-    finally:
-        client.close()
 
 
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,

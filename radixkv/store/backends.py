@@ -10,10 +10,11 @@ URLs (:func:`open_backend`):
 
 * ``memory://NAME[?capacity=PAGES]``: :class:`MemoryBackend`, a dict shared by
   every store of the process that opens the same name (the simulator's store);
-  with a capacity, least recently used pages are evicted, as Redis's
-  ``allkeys-lru`` would.
-* ``redis://HOST:PORT[/DB]`` (also ``rediss://``, ``unix://``): one Redis or
-  Valkey server, or a Redis Cluster, told apart at first contact
+  with a capacity, least recently used pages are evicted (each call makes its
+  pages the newest, a chain's last page first, so a chain shortens from its
+  end), exactly as a Redis server opened with ``?capacity=`` does.
+* ``redis://HOST:PORT[/DB][?capacity=PAGES]`` (also ``rediss://``, ``unix://``):
+  one Redis or Valkey server, or a Redis Cluster, told apart at first contact
   (:mod:`radixkv.store.redis_backends`; needs ``radixkv[redis]``).
 * ``mooncake://HOST:RPC_PORT[?metadata=URL&...]``: a Mooncake Store master and
   the storage nodes it places pages on (:mod:`radixkv.store.mooncake_backend`;
@@ -172,12 +173,12 @@ class MemoryBackend:
             return self._down(len(keys))
         data = self._data
         with self._lock:
-            for k in touch:
-                if k in data:
-                    data.move_to_end(k)
             values = [data.get(k) for k in keys]
-            for k, v in zip(keys, values):
+            for k, v in zip(reversed(keys), reversed(values)):  # last first: a chain's root ends up newest
                 if v is not None:
+                    data.move_to_end(k)
+            for k in reversed(touch):
+                if k in data:
                     data.move_to_end(k)
         return Reply(values, 1)
 
@@ -186,14 +187,18 @@ class MemoryBackend:
             return self._down(len(keys))
         data, stored = self._data, []
         with self._lock:
+            added: Dict[bytes, bytes] = {}
             for k, v in zip(keys, values):
-                new = k not in data
+                new = k not in data and k not in added  # a key given twice is stored once, its first value
                 if new:
-                    data[k] = v
-                    if self.capacity is not None and len(data) > self.capacity:
-                        data.popitem(last=False)
-                        self.evictions += 1
+                    added[k] = v
                 stored.append(new)
+            for k in reversed(list(added)):  # last first: a chain's root ends up newest
+                data[k] = added[k]
+            if self.capacity is not None:
+                while len(data) > self.capacity:
+                    data.popitem(last=False)
+                    self.evictions += 1
         return Reply(stored, 1)
 
     def delete(self, keys: Sequence[bytes]) -> Reply:

@@ -18,7 +18,10 @@ call          one server                           cluster (m masters hold the k
 ``delete``    1: ``UNLINK``                         m: a pipeline of ``UNLINK`` per node
 ============  ===================================  ==================================
 
-plus one ``INFO cluster`` on the first contact. Keys spread over the slots
+plus one ``INFO cluster`` on the first contact. A single server opened with
+``?capacity=PAGES`` reads and writes through Lua scripts that keep an exact LRU
+order and evict past the bound (:mod:`~radixkv.store.redis_lru`): still one
+round trip a call. Keys spread over the slots
 (no hash tags, so no node holds every chain's hot first page), so a chain of
 a few pages already touches every master. The cluster is driven node by node
 rather than through redis-py's cluster pipeline, which fails as a whole when
@@ -48,8 +51,10 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import ArgumentValueError
+from . import redis_lru
 from .backends import FAILED, Cooloff, Reply, redact
 from .redisio import client_from_url, load_redis, transport_errors
 
@@ -68,6 +73,23 @@ REFRESH_INTERVAL = 1.0
 """Seconds between two slot-map refreshes of a cluster."""
 
 
+def split_capacity(url: str) -> Tuple[str, Optional[int]]:
+    """``url`` without its ``capacity`` query parameter, and that capacity (``None`` if absent).
+
+    Raises :class:`~radixkv.errors.ArgumentValueError` for a capacity that is
+    not a positive integer, or given twice.
+    """
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    found = [v for k, v in query if k == "capacity"]
+    if not found:
+        return url, None
+    if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
+        raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {redact(url)!r}")
+    rest = urlencode([(k, v) for k, v in query if k != "capacity"])
+    return urlunsplit(parts._replace(query=rest)), int(found[0])
+
+
 class _Server:
     """One Redis server behind one ``redis.Redis`` (whose pool reconnects on demand)."""
 
@@ -78,6 +100,8 @@ class _Server:
         self._client = client
         self.scripts = True
         """Whether ``exists`` runs :data:`LEADING_SCRIPT` (turned off the first time the server refuses it)."""
+        self.evictions = 0
+        """Pages this client's writes evicted under a capacity (:mod:`~radixkv.store.redis_lru`)."""
 
     def _run(self, n: int, fn: Callable[[], Tuple[List[Any], int]]) -> Reply:
         """``fn()``'s ``(values, round trips)`` as a Reply; a failure fails all ``n`` keys."""
@@ -129,6 +153,8 @@ class _Server:
             return None, 1
 
     def get(self, keys: Sequence[bytes], touch: Sequence[bytes] = ()) -> Reply:
+        if self._o.capacity is not None:
+            return self._run(len(keys), lambda: (redis_lru.get(self._client, keys, touch), 1))
         if not touch:
             return self._run(len(keys), lambda: (self._client.mget(keys), 1))
 
@@ -142,6 +168,14 @@ class _Server:
         return self._run(len(keys), touch_and_get)
 
     def set_nx(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Reply:
+        capacity = self._o.capacity
+        if capacity is not None:
+            def write_bounded() -> Tuple[List[Any], int]:
+                stored, evicted = redis_lru.set_nx(self._client, keys, values, capacity)
+                self.evictions += evicted
+                return stored, 1
+            return self._run(len(keys), write_bounded)
+
         def write() -> Tuple[List[Any], int]:
             pipe = self._client.pipeline(transaction=False)
             for k, v in zip(keys, values):
@@ -151,12 +185,18 @@ class _Server:
 
     def delete(self, keys: Sequence[bytes]) -> Reply:
         def unlink() -> Tuple[List[Any], int]:
-            self._client.unlink(*keys)
+            if self._o.capacity is not None:
+                redis_lru.delete(self._client, keys)
+            else:
+                self._client.unlink(*keys)
             return [True] * len(keys), 1
         return self._run(len(keys), unlink)
 
     def info(self) -> Dict[str, Any]:
-        return {"lookup": "script" if self.scripts else "pipeline"}
+        info: Dict[str, Any] = {"lookup": "script" if self.scripts else "pipeline"}
+        if self._o.capacity is not None:
+            info.update(capacity=self._o.capacity, evictions=self.evictions)
+        return info
 
     def close(self) -> None:
         self._client.close()
@@ -262,11 +302,14 @@ class RedisPages:
 
     Args:
         url: ``redis://HOST:PORT[/DB]``, ``rediss://...`` or ``unix://PATH``; a cluster
-            is found from any one of its nodes (DB must then be 0).
+            is found from any one of its nodes (DB must then be 0). ``?capacity=PAGES``
+            bounds a single server to that many pages, least recently used evicted
+            exactly (:mod:`~radixkv.store.redis_lru`).
         timeout: seconds to connect and to answer, per socket operation.
 
     Raises :class:`~radixkv.errors.ArgumentValueError` for a URL redis-py
-    cannot parse, or a cluster reached with a DB other than 0.
+    cannot parse, a capacity that is not a positive integer, or a cluster
+    reached with a DB other than 0 or with a capacity.
     """
 
     def __init__(self, url: str, timeout: float = 0.25) -> None:
@@ -281,6 +324,8 @@ class RedisPages:
         self.timeout = timeout
         self.cooloff = Cooloff()
         """The cool-off of the server named by the URL (first contact; every call of a single server)."""
+        url, self.capacity = split_capacity(url)
+        """The page bound of ``?capacity=`` (``None``: the server's own ``maxmemory``, if any)."""
         self._url = url
         try:
             self._client = client_from_url(url, timeout, retries=0)
@@ -314,6 +359,9 @@ class RedisPages:
             except self.refused:  # INFO renamed or denied: only a cluster needs it, and a cluster allows it
                 clustered = False
             if clustered:
+                if self.capacity is not None:
+                    raise ValueError("a capacity needs a single server (its LRU order is one sorted set); bound "
+                                     "a cluster's nodes with maxmemory")
                 trips += 1
                 cluster = self._open_cluster()
                 self._client.close()

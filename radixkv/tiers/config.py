@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from typing import Any, Optional, Sequence, Union
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -30,8 +31,8 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     process that opens it), ``mooncake://HOST:PORT[?metadata=...]`` (a Mooncake Store master),
     or ``mooncake`` (a Mooncake master and storage node of its own on free loopback ports,
     stopped when the store is closed or garbage collected; about 1.2 s to start). ``store_blocks``
-    bounds an in-process store (least recently used pages go first); a Redis server is bounded by
-    its own ``maxmemory``, Mooncake by its storage nodes' segments. Raises
+    bounds an in-process store or a single Redis server (its ``?capacity=``: least recently used
+    pages go first, exactly); Mooncake is bounded by its storage nodes' segments. Raises
     ArgumentValueError for a URL it cannot use or a bound it cannot apply.
     """
     from ..store import Fingerprint, PageStore, drop_memory
@@ -41,10 +42,12 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
         url = f"memory://radixkv-{next(_FRESH)}-{id(_FRESH):x}"
     if store_blocks is not None:
         check_positive_int(store_blocks, "store_blocks")
-        if not url.startswith("memory://"):
-            raise ArgumentValueError("store_blocks bounds an in-process store; a Redis server is bounded by its "
-                                     "maxmemory")
-        url += ("&" if "?" in url else "?") + f"capacity={store_blocks}"
+        if not url.startswith(("memory://", "redis://", "rediss://", "unix://")):
+            raise ArgumentValueError("store_blocks bounds an in-process store or a Redis server (its ?capacity=); "
+                                     "Mooncake is bounded by its storage nodes' segments")
+        if "capacity=" in urlsplit(url).query:
+            raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
+        url += ("&" if urlsplit(url).query else "?") + f"capacity={store_blocks}"
     fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
                               page_size=page_size, extra="" if kv_shape else "no payload")
     if url == "mooncake":

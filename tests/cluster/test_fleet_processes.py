@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from radixkv.cli import main
 from radixkv.cluster import Cluster
-from radixkv.fleet import Fleet, FleetError, maxmemory_bytes, page_payloads, replay_fleet
+from radixkv.fleet import Fleet, FleetError, page_payloads, replay_fleet
 from radixkv.page_keys import PrefixKeys
 from radixkv.testing.localredis import LocalRedis
 from radixkv.workload.generators import generate, write_token_jsonl
@@ -53,9 +53,13 @@ def conversations(num: int = 5, turns: int = 6, seed: int = 0) -> List[Request]:
     return out
 
 
-def simulate(requests: List[Request], instances: int = 2):
+STORE_BLOCKS = 120  # the store's bound in the command's run: about half the pages the trace stores
+
+
+def simulate(requests: List[Request], instances: int = 2, store_blocks=None):
     """The in-process simulator's result for the same fleet (round robin, one in-process store)."""
-    return Cluster(instances, BLOCKS, PS, store="memory").replay(requests, miss_reasons=True)
+    return Cluster(instances, BLOCKS, PS, store="memory", store_blocks=store_blocks).replay(requests,
+                                                                                          miss_reasons=True)
 
 
 def assert_same_serving(got: dict, want: dict) -> None:
@@ -104,7 +108,7 @@ def cli_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("fleet") / "turns.jsonl"
     write_token_jsonl(requests, str(path))
     proc = radixkv("cluster", str(path), "--processes", "2", "--num-blocks", str(BLOCKS), "--page-size", str(PS),
-                   "--store-blocks", "100000", "--json", "--quiet")
+                   "--store-blocks", str(STORE_BLOCKS), "--json", "--quiet")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return requests, json.loads(out)
@@ -112,8 +116,9 @@ def cli_run(tmp_path_factory):
 
 def test_processes_serve_exactly_what_the_simulator_serves(cli_run):
     requests, got = cli_run
-    want = simulate(requests).as_dict()
-    assert_same_serving(got, want)
+    want = simulate(requests, store_blocks=STORE_BLOCKS).as_dict()
+    assert_same_serving(got, want)  # the server's LRU evicts exactly what the in-process store's does
+    assert got["store_stats"]["evictions"] == want["store_stats"]["evictions"] > 0
     assert got["store_hit_tokens"] > 0  # every turn's history comes from the other instance: through the store
     assert got["processes"] == 2 and got["instances"] == 2
     assert got["wrong_pages"] == 0 and got["verified_pages"] == got["hit_tokens"] // PS
@@ -125,7 +130,7 @@ def test_the_command_starts_and_stops_its_own_redis_server(cli_run):
     assert got["store"].startswith("redis://127.0.0.1:")
     port = int(got["store"].rsplit(":", 1)[1].split("/")[0])
     assert not listening(port)  # stopped with the command (it was serving: the store hits came from it)
-    assert got["store_maxmemory_bytes"] == maxmemory_bytes(100000, PS * 2, 2)
+    assert got["store_capacity_pages"] == STORE_BLOCKS and got["store"].endswith(f"?capacity={STORE_BLOCKS}")
 
 
 def test_a_given_store_url_a_host_tier_and_the_records():
@@ -144,7 +149,7 @@ def test_a_given_store_url_a_host_tier_and_the_records():
                               on_record=lambda r, i: got_records.append((r, i)), on_request=lambda r, h: seen.append(h))
         assert listening(server.port)  # the fleet leaves a server it was given alone
     assert_same_serving(result.cluster.as_dict(), want.as_dict())
-    assert result.wrong_pages == 0 and result.store_maxmemory_bytes is None
+    assert result.wrong_pages == 0 and result.store_capacity_pages is None
     assert got_records == want_records and seen == [r.hit_tokens for r, _ in want_records]
 
 
@@ -220,7 +225,7 @@ def test_a_hung_worker_is_named_after_the_timeout():
     (["--policy", "belady"], "--policy belady is not supported"),
     (["--instances", "3"], "--processes 2 runs one instance a process: --instances 3 differs"),
     (["--store", "memory"], "--processes needs a store the processes share"),
-    (["--store", "redis://127.0.0.1:1", "--store-blocks", "10"], "--store-blocks sizes the redis-server"),
+    (["--store", "redis://127.0.0.1:1?capacity=5", "--store-blocks", "10"], "give the store's page bound once"),
 ])
 def test_what_processes_cannot_do_is_refused_in_one_line(tmp_path, flags, message):
     path = tmp_path / "t.jsonl"

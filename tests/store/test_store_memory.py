@@ -75,9 +75,9 @@ def test_capacity_evicts_the_least_recently_used(memory_url):
     assert store.put(chain[:4], pages(4)) == 4
     store.get(chain[:1])  # page 0 is the most recent now (a get touches what it finds; a lookup does not)
     store.lookup(chain[:2])
-    store.put(chain, pages(8)[4:], start=4)  # 8 pages into 6: pages 1 and 2 go, least recently used first
-    assert store.backend.keys() == [chain[3], chain[0], *chain[4:]]
-    assert store.stats()["evictions"] == 2 and store.lookup(chain) == 1
+    store.put(chain, pages(8)[4:], start=4)  # 8 pages into 6: pages 3 and 2 go, least recently used first
+    assert store.backend.keys() == [chain[1], chain[0], *reversed(chain[4:])]  # each call's last page first
+    assert store.stats()["evictions"] == 2 and store.lookup(chain) == 2
     with pytest.raises(ArgumentValueError, match="is open with capacity 6, not 7"):
         PageStore.open(memory_url + "?capacity=7", FP)
     assert PageStore.open(memory_url, FP).backend is store.backend  # no capacity: whatever it has
@@ -136,6 +136,19 @@ def test_get_serves_exactly_the_longest_valid_prefix_and_its_first_written_bytes
     drop_memory(name)
     store = PageStore.open(f"memory://{name}" + (f"?capacity={capacity}" if capacity else ""), FP)
     backend: MemoryBackend = store.backend
+
+    def corrupt(key: bytes) -> None:
+        backend._data[key] = b"RKVP" + bytes(80)  # in place: recency unchanged
+
+    run_model(store, prompts, capacity, script, backend.keys, corrupt)
+    drop_memory(name)
+
+
+def run_model(store, prompts, capacity, script, held, corrupt_in_place):
+    """Run ``script`` on ``store`` beside a model that predicts every answer, and check after each call that
+    the backend holds exactly the model's pages in the model's recency order (``held()``: the backend's keys,
+    least recently used first). Shared by every backend that promises exact LRU under a capacity."""
+    backend = store.backend
     chains = [store.chain(p) for p in prompts]
     model: "OrderedDict[bytes, bytes]" = OrderedDict()
     corrupt = set()
@@ -145,14 +158,12 @@ def test_get_serves_exactly_the_longest_valid_prefix_and_its_first_written_bytes
         keys = chain[start:]
         if op == "put":
             payloads = [b"%d/%d" % (step, j) for j in range(min(rest[0], len(keys)))]
-            expected = 0
-            for key, payload in zip(keys, payloads):
-                if key not in model:
-                    model[key] = payload
-                    expected += 1
-                    if capacity and len(model) > capacity:
-                        corrupt.discard(model.popitem(last=False)[0])
-            assert store.put(chain, payloads, start) == expected
+            added = [key for key in keys[:len(payloads)] if key not in model]
+            for key in reversed(added):  # newest first, the chain's root last: it ends up the most recent
+                model[key] = payloads[keys.index(key)]
+            while capacity and len(model) > capacity:
+                corrupt.discard(model.popitem(last=False)[0])
+            assert store.put(chain, payloads, start) == len(added)
         elif op in ("get", "lookup"):
             lead = 0
             while lead < len(keys) and keys[lead] in model and (op == "lookup" or keys[lead] not in corrupt):
@@ -160,7 +171,7 @@ def test_get_serves_exactly_the_longest_valid_prefix_and_its_first_written_bytes
             if op == "lookup":
                 assert store.lookup(chain, start) == lead
                 continue
-            for key in keys:  # a get makes every page it finds the most recent
+            for key in reversed(keys):  # a get makes every page it finds the most recent, the last first
                 if key in model:
                     model.move_to_end(key)
             got, n = store.get(chain, start)
@@ -173,11 +184,10 @@ def test_get_serves_exactly_the_longest_valid_prefix_and_its_first_written_bytes
             model.pop(keys[0], None)
             corrupt.discard(keys[0])
         elif keys and op == "corrupt" and keys[0] in model:
-            backend._data[keys[0]] = b"RKVP" + bytes(80)  # in place: recency unchanged
+            corrupt_in_place(keys[0])
             corrupt.add(keys[0])
-        assert backend.keys() == list(model)
+        assert held() == list(model)
     s = store.stats()
     assert s["backend_errors"] == 0 and s["hits"] + s["misses"] == sum(
         len(chains[c % len(chains)]) - min(start, len(chains[c % len(chains)]))
         for op, c, start, *_ in script if op == "get")
-    drop_memory(name)

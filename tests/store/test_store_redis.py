@@ -11,11 +11,17 @@ import socket
 import threading
 import time
 
-from radixkv.store import KeyChain, PageStore, codec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radixkv.errors import ArgumentValueError
+from radixkv.store import KeyChain, PageStore, codec, redis_lru
 from radixkv.testing.localredis import LocalRedis, free_port
 
 from ..tiers.test_redis import _require_redis
 from .conftest import FP, FINGERPRINTS_AND_NAMESPACES
+from .test_store_memory import ops, run_model
 
 PS = FP.page_size
 
@@ -283,7 +289,7 @@ def test_a_get_touches_the_pages_its_reader_holds_in_the_same_round_trip(redis_s
     LRU-bounded store keeps what the fleet uses from its own HBM too; still one round trip."""
     for url in (redis_server.url, memory_url):
         store = PageStore.open(url, FP)
-        chain = store.chain(list(range(64)))  # 4 pages at page size 16
+        chain = store.chain(list(range(64)))  # 16 pages at page size 4
         store.put(chain, [b"p"] * 4)
         if url == redis_server.url:
             client = raw(redis_server)
@@ -295,4 +301,54 @@ def test_a_get_touches_the_pages_its_reader_holds_in_the_same_round_trip(redis_s
         if url == redis_server.url:
             assert before >= 1 and client.object("idletime", chain[0]) == 0
         else:
-            assert store.backend.keys()[-4:-2] == chain[:2]  # touched, then the pages read
+            assert store.backend.keys() == chain[3::-1]  # the pages read, then the ones touched: the root newest
+
+
+# --------------------------------------------------------------------- ?capacity=: exact LRU on the server
+@pytest.fixture(scope="module")
+def shared_server():
+    _require_redis()
+    with LocalRedis() as server:
+        yield server
+
+
+@given(prompts=st.lists(st.lists(st.integers(0, 1), min_size=4, max_size=4 * 6), min_size=1, max_size=5),
+       capacity=st.integers(1, 10), script=ops)
+def test_a_capacity_is_exactly_the_in_process_stores_lru(shared_server, prompts, capacity, script):
+    """The in-process store's model predicts every answer of a server opened with ``?capacity=`` and its
+    exact recency order after every call; the server holds exactly the pages of that order."""
+    client = raw(shared_server)
+    client.flushall()
+    store = PageStore.open(shared_server.url + f"?capacity={capacity}", FP)
+
+    def held():
+        order = redis_lru.held_pages(client)
+        assert sorted(client.keys("rkv:*")) == sorted(order)  # an evicted page's key is gone with it
+        return order
+
+    def corrupt(key: bytes) -> None:
+        client.set(key, b"RKVP" + bytes(80))  # in place: its place in the order unchanged
+
+    run_model(store, prompts, capacity, script, held, corrupt)
+    store.close()
+
+
+def test_a_capacity_evicts_a_chain_from_its_end_in_one_round_trip(redis_server):
+    store = PageStore.open(redis_server.url + "?capacity=6", FP)
+    chain = store.chain(tokens(0, 8))
+    trips = store.stats()["round_trips"]
+    assert store.put(chain, [b"x"] * 8) == 8 and store.stats()["round_trips"] == trips + 1
+    assert store.lookup(chain) == 6 and store.stats()["evictions"] == 2  # pages 6 and 7 went, not the root
+    other = store.chain(tokens(1, 3))
+    store.put(other, [b"y"] * 3)
+    assert store.lookup(chain) == 3 and store.lookup(other) == 3  # the old chain shortened from its end
+    assert len(raw(redis_server).keys("rkv:*")) == 6
+    assert store.stats()["url"].endswith("?capacity=6")
+
+
+def test_a_bad_capacity_is_refused_at_open_and_a_cluster_cannot_take_one(redis_server, cluster):
+    for bad in ("0", "-3", "ten", "²", "1&capacity=2"):
+        with pytest.raises(ArgumentValueError, match="capacity must be one positive number"):
+            PageStore.open(redis_server.url + "?capacity=" + bad, FP)
+    with pytest.raises(ArgumentValueError, match="a capacity needs a single server"):
+        PageStore.open(cluster.url + "?capacity=5", FP)
