@@ -30,9 +30,9 @@ from typing import Hashable, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ..cache import PrefixCache
-from ..errors import ArgumentTypeError, ArgumentValueError
-from ..events.hashing import BlockHash
+from ...cache import PrefixCache
+from ...errors import ArgumentTypeError, ArgumentValueError
+from ...events.hashing import BlockHash
 
 
 class VLLMBlockView:
