@@ -7,7 +7,7 @@ replay (:mod:`radixkv.analysis.replay`, the ``radixkv`` command). Scripts replay
 sweep and curve traces through :mod:`radixkv.api`.
 """
 
-from .cache import Admission, MatchResult, NodeHandle, PrefixCache
+from .cache import Admission, CacheStats, MatchResult, NodeHandle, PrefixCache
 from .errors import (
     ArgumentTypeError,
     ArgumentValueError,
@@ -24,7 +24,7 @@ from .token_buffer import TokenBuffer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Admission", "MatchResult", "NodeHandle", "PrefixCache", "TokenBuffer",
+    "Admission", "CacheStats", "MatchResult", "NodeHandle", "PrefixCache", "TokenBuffer",
     "RadixKVError", "ArgumentTypeError", "ArgumentValueError", "InvalidBlocksError",
     "InvalidTokensError", "LockError", "StaleHandleError", "TraceFormatError", "UnknownPolicyError",
 ]

@@ -124,6 +124,14 @@ def replay(trace: TraceLike, *, policy: str = "lru", num_blocks: object = None, 
     extra) or a ``text -> ids`` callable instead of the built-in tokenizer.
     For tiers, records or events, build the cache yourself and call
     :func:`radixkv.analysis.replay.replay` (``replay_requests`` here).
+
+    Raises:
+        ArgumentValueError: a capacity that is not exactly one of the three, not positive, or
+            unparsable; an unknown ``format``, ``model`` or ``hardware``; a bad ``limit``.
+        UnknownPolicyError: a policy name not registered (a ``KeyError``; the message lists them).
+        TraceFormatError: a malformed trace line (``file:line: field ...``), a timestamp going back.
+        OSError: the trace file cannot be read.
+        MissingExtraError: a compression or tokenizer that needs an extra not installed.
     """
     blocks = resolve_blocks(num_blocks=num_blocks, max_total_tokens=max_total_tokens,
                             kv_cache_memory=kv_cache_memory, page_size=page_size, model=model)
@@ -143,6 +151,10 @@ def sweep(trace: TraceLike, policies: Sequence[str], capacities: Union[str, Sequ
     (``"40GiB"``) or shares of the trace's distinct pages (``"25%"``), as a list or a
     comma-separated string. ``processes > 1`` replays a trace *path* in worker processes
     (the numbers do not depend on it). ``tokenizer`` as :func:`replay`.
+
+    Raises:
+        ArgumentValueError, UnknownPolicyError, TraceFormatError, OSError, MissingExtraError: as
+        :func:`replay`, for any of ``policies`` and ``capacities`` (checked before the first run).
     """
     from .analysis.sweep import SweepJob, parse_policies, run_sweep
 
@@ -171,7 +183,12 @@ def curve(trace: TraceLike, capacities: Union[str, Sequence[object], None] = "au
     an LRU :func:`replay` at each; a :class:`Records` of :class:`CurvePoint`. Capacities as :func:`sweep`,
     or ``"auto"`` / ``None`` (the default): about 50 log-spaced capacities from 1 block to the trace's
     distinct pages (:func:`radixkv.analysis.curve.log_grid`), free from the same pass. ``tokenizer`` as
-    :func:`replay`."""
+    :func:`replay`.
+
+    Raises:
+        ArgumentValueError, TraceFormatError, OSError, MissingExtraError: as :func:`replay` (no policy
+        is involved).
+    """
     from .analysis.sweep import trace_curve
 
     requests = _trace(trace, format, limit, tokenizer)

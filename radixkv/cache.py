@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 
@@ -99,6 +99,38 @@ class MatchResult:
     node: NodeHandle
 
 
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """A cache's hit counters since it was made or since :meth:`PrefixCache.reset_stats`, the numbers
+    vLLM's ``PrefixCacheStats`` gives a scheduler's metrics.
+
+    Every :meth:`PrefixCache.match` and :meth:`PrefixCache.admit` is one query; inspection
+    (``peek_match``, ``cached_pages``) is none. Counting costs three integer additions a query.
+
+    Attributes:
+        queries: ``match`` and ``admit`` calls.
+        query_tokens: their tokens, trailing partial pages included.
+        hit_tokens: tokens they were served from the cache (a tiered cache's lower-tier
+            hits included), ``hit_pages * page_size``.
+        hit_pages: pages they were served.
+        evicted_pages: pages evicted from HBM (moved down a tier or dropped).
+        hit_tokens_by_tier: for a :class:`~radixkv.tiers.TieredCache`, ``hit_tokens`` by the tier
+            that served them (``"hbm"`` first); empty for a plain cache.
+    """
+
+    queries: int
+    query_tokens: int
+    hit_tokens: int
+    hit_pages: int
+    evicted_pages: int
+    hit_tokens_by_tier: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / query_tokens`` (0.0 before any query)."""
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
 class Admission:
     """A request admitted by :meth:`PrefixCache.admit`; its pages stay protected until :meth:`release`.
 
@@ -124,17 +156,22 @@ class Admission:
             HBM at the release, never earlier).
         copied_pages: how many of the hit pages were copied from another tenant's partition
             (under a sharing rule that shares by copy, :mod:`radixkv.tenancy`; else 0).
+        uncached_pages: full pages of the prompt that got no block and are not cached: the
+            pool had no more unprotected pages to evict, or the policy declined them. They
+            follow :attr:`blocks`; the engine computes their KV without a cache block (or
+            waits and retries: ``admit(..., all_or_nothing=True)`` never admits in part).
         node: handle of the deepest cached page of the request.
     """
 
-    __slots__ = ("hit_tokens", "node", "copied_pages", "_path", "_new", "_blocks", "_new_blocks",
-                 "_finish", "_released", "_aborted")
+    __slots__ = ("hit_tokens", "node", "copied_pages", "uncached_pages", "_path", "_new", "_blocks",
+                 "_new_blocks", "_finish", "_released", "_aborted")
 
     def __init__(self, hit_tokens: int, path: List[Parts], new: Parts, node: NodeHandle,
                  finish: Callable[[bool], None], new_blocks: Optional[np.ndarray] = None,
-                 copied_pages: int = 0) -> None:
+                 copied_pages: int = 0, uncached_pages: int = 0) -> None:
         self.hit_tokens = hit_tokens
         self.copied_pages = copied_pages
+        self.uncached_pages = uncached_pages
         # The block ids as extents (the matched nodes' root first, then the new pages'): the
         # arrays are made on first use, so a caller that reads neither pays no per-block work.
         self._path = path
@@ -216,7 +253,9 @@ class Admission:
             self.abort()
 
     def __repr__(self) -> str:
-        return f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)})"
+        uncached = f", uncached={self.uncached_pages}" if self.uncached_pages else ""
+        return (f"Admission(hit_tokens={self.hit_tokens}, pages={len(self.blocks)}, new={len(self.new_blocks)}"
+                f"{uncached})")
 
 
 STORE_POLICIES = ("write_through", "write_back")
@@ -283,6 +322,19 @@ class PrefixCache:
         sharing: which cached pages a request's ``tenant`` is served (see :mod:`radixkv.tenancy`):
             ``"shared"`` (the default, free), ``"isolated"``, ``"k-anonymous"``, ``"adaptive"``
             or a :class:`~radixkv.tenancy.Sharing` (``KAnonymous(k=5)``).
+
+    Raises:
+        ArgumentTypeError: an argument of the wrong type (a float ``num_blocks``, a bool ``page_size``).
+        ArgumentValueError: ``num_blocks`` or ``page_size`` not positive or over the int32 block ids,
+            a bad ``kv_shape``, ``dtype``, ``sharing`` or ``store``.
+        UnknownPolicyError: ``policy`` names no registered policy (a ``KeyError``; the message lists them).
+
+    Every method raises only the :class:`~radixkv.errors.RadixKVError` family on bad input, each
+    subclassing ``ValueError``, ``TypeError`` or ``KeyError``, and leaves the cache as it was. Tokens
+    anywhere are checked as :func:`radixkv.keys.as_tokens` does: :class:`~radixkv.errors.InvalidTokensError`
+    for a value out of ``[0, 2**32)`` or a shape that is not 1-D, :class:`~radixkv.errors.ArgumentTypeError`
+    for a bool or float; a ``namespace`` or ``tenant`` that is not a str (or is not valid Unicode) is an
+    ``ArgumentTypeError`` / ``ArgumentValueError``.
     """
 
     def __init__(
@@ -335,6 +387,8 @@ class PrefixCache:
         """Blocks evicted since creation (monotonic)."""
         self.declined_blocks = 0
         """New pages the policy declined to cache (admission control; monotonic)."""
+        self._queries = self._query_tokens = self._hit_pages = 0  # :attr:`stats`, since _stats_base
+        self._stats_base: Tuple[int, Dict[str, int]] = (0, {})  # evicted_blocks, hits by tier at reset_stats
         self.copied_blocks = 0
         """Pages copied from another tenant's partition (a sharing rule that shares by copy; monotonic)."""
         self._copied = 0  # pages the last descent copied
@@ -451,6 +505,35 @@ class PrefixCache:
         return self._tree.num_roots
 
     # ------------------------------------------------------------------ lookups
+    @property
+    def stats(self) -> CacheStats:
+        """Queries, their tokens, hit tokens and pages, and evicted pages since the cache was made or
+        since :meth:`reset_stats` (:class:`CacheStats`). O(1) (O(tiers) for a tiered cache)."""
+        evicted, base_by_tier = self._stats_base
+        by_tier = self._hits_by_tier()
+        return CacheStats(self._queries, self._query_tokens, self._hit_pages * self.page_size, self._hit_pages,
+                          self.evicted_blocks - evicted,
+                          {tier: tokens - base_by_tier.get(tier, 0) for tier, tokens in by_tier.items()})
+
+    def reset_stats(self) -> CacheStats:
+        """Start :attr:`stats` again from zero (a metrics scrape, the end of a warm-up); return what
+        they were. Changes nothing else: the monotonic counters (``evicted_blocks``, a tiered
+        cache's ``hit_tokens_by_tier``) keep counting. O(1) (O(tiers) for a tiered cache)."""
+        before = self.stats
+        self._queries = self._query_tokens = self._hit_pages = 0
+        self._stats_base = (self.evicted_blocks, self._hits_by_tier())
+        return before
+
+    def _hits_by_tier(self) -> Dict[str, int]:
+        """Hit tokens by tier since creation: none for a cache without tiers (a tiered cache says)."""
+        return {}
+
+    def _count_query(self, tokens: TokensLike, hit_pages: int) -> None:
+        """One query of ``tokens`` (checked already) that was served ``hit_pages`` pages. O(1)."""
+        self._queries += 1
+        self._query_tokens += len(tokens)
+        self._hit_pages += hit_pages
+
     def match(self, tokens: TokensLike, *, namespace: Optional[str] = None,
               tenant: Optional[str] = None) -> MatchResult:
         """Longest cached prefix of ``tokens``, in whole pages; marks those pages used.
@@ -463,6 +546,10 @@ class PrefixCache:
         :meth:`admit`), copies of other tenants' pages included. A match is a
         probe: unlike a released admission it does not count the tenant among
         the pages' askers.
+
+        Raises:
+            InvalidTokensError / ArgumentTypeError: bad ``tokens``; ArgumentTypeError /
+                ArgumentValueError: a bad ``namespace`` or ``tenant``.
         """
         data, num_pages = self._pages(tokens)
         key = self._partition(namespace, tenant)
@@ -471,12 +558,14 @@ class PrefixCache:
         if root is None:  # nothing cached in it: no root is made for a lookup, unless it may copy into it
             if self._copying is None:
                 root = self._tree.empty_root(key)
+                self._count_query(tokens, 0)
                 return MatchResult(0, _NO_BLOCKS, NodeHandle(root, root.gen))
             root = self._tree.root(key)
         node, _ = self._descend(root, data, num_pages, tenant=tenant, namespace=namespace)
         if root.children is None:  # copied nothing either
             self._drop_root_if_unused(root)
         blocks = extents.to_array(extents.join(self._touch_path(node, self._clock)))
+        self._count_query(tokens, len(blocks))
         return MatchResult(len(blocks) * self.page_size, blocks, NodeHandle(node, node.gen))
 
     # ------------------------------------------------------------------ inspection (read-only)
@@ -712,7 +801,9 @@ class PrefixCache:
     def lock(self, handle: NodeHandle) -> None:
         """Protect the pages from the root through ``handle`` from eviction. Nests. O(depth).
 
-        Raises :class:`StaleHandleError` for pages that were evicted or aborted.
+        Raises:
+            StaleHandleError: the handle's pages were evicted, truncated or uncached by an abort.
+            ArgumentTypeError: ``handle`` is not a :class:`NodeHandle`.
         """
         node = self._resolve(handle)
         if self._detached and node in self._detached:
@@ -723,11 +814,15 @@ class PrefixCache:
         self._locks[node] = self._locks.get(node, 0) + 1
 
     def unlock(self, handle: NodeHandle) -> None:
-        """Undo one :meth:`lock` of ``handle``; raises :class:`LockError` (cache unchanged) if it holds none.
+        """Undo one :meth:`lock` of ``handle``.
 
         Only locks taken with :meth:`lock` count: a pin's lock is released by
         :meth:`unpin` and an admission's by :meth:`Admission.release`, never
         here, so an unlock cannot leave them to unlock a second time. O(depth).
+
+        Raises:
+            LockError: no :meth:`lock` of ``handle`` is left to undo (cache unchanged).
+            StaleHandleError: the handle's pages are gone. ArgumentTypeError: not a :class:`NodeHandle`.
         """
         node = self._unlockable(handle)
         count = self._locks[node] - 1
@@ -764,6 +859,9 @@ class PrefixCache:
         4
         >>> cache.evict(4), cache.unpin([7, 7, 8, 8, 9]), cache.evict(4)
         (0, 4, 2)
+
+        Raises:
+            InvalidTokensError / ArgumentTypeError: bad ``tokens``, ``namespace`` or ``tenant``.
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace, tenant)
@@ -780,8 +878,11 @@ class PrefixCache:
               tenant: Optional[str] = None) -> int:
         """Release one pin, the deepest on ``tokens``'s cached path; return the tokens it covered.
 
-        Raises :class:`LockError` (cache unchanged) when no pin covers a
-        prefix of ``tokens``. Tenant-blind, as :meth:`pin`. O(depth).
+        Tenant-blind, as :meth:`pin`. O(depth).
+
+        Raises:
+            LockError: no pin covers a prefix of ``tokens`` (cache unchanged).
+            InvalidTokensError / ArgumentTypeError: bad ``tokens``, ``namespace`` or ``tenant``.
         """
         data, num_pages = self._pages(tokens)
         root = self._existing_root(namespace, tenant)
@@ -804,8 +905,11 @@ class PrefixCache:
         """``n`` free block ids, evicting unprotected pages as needed.
 
         Returns ``None`` (and changes nothing) when ``n`` blocks cannot be
-        freed because the rest is protected or held. Cost: O(n + evicted
-        leaves * log(evictable leaves)).
+        freed because the rest is protected or held: an answer, not an error. Cost:
+        O(n + evicted leaves * log(evictable leaves)).
+
+        Raises:
+            ArgumentTypeError / ArgumentValueError: ``n`` not an int, or negative.
         """
         n = check_positive_int(n, "n", allow_zero=True)
         free = self._pool.num_free
@@ -816,7 +920,12 @@ class PrefixCache:
         return self._pool.take(n)
 
     def free(self, blocks: Union[Sequence[int], np.ndarray]) -> None:
-        """Return allocated blocks that were never inserted. Raises on a block the caller does not hold."""
+        """Return allocated blocks that were never inserted. O(len(blocks)).
+
+        Raises:
+            InvalidBlocksError: a block id out of range or repeated, or a block the caller does not
+                hold (free, or cached); nothing is freed then.
+        """
         arr = self._pool.validate_ids(blocks)
         self._require_state(arr, HELD, "free")
         self._pool.give_back(arr)
@@ -825,6 +934,9 @@ class PrefixCache:
         """Free up to ``n`` blocks now by evicting unprotected pages; returns how many were freed.
 
         With a free-block sink (:attr:`on_free`) the freed blocks go to it, in one call.
+
+        Raises:
+            ArgumentTypeError / ArgumentValueError: ``n`` not an int, or negative.
         """
         n = check_positive_int(n, "n", allow_zero=True)
         if self._on_free is None:
@@ -855,6 +967,11 @@ class PrefixCache:
         the pages go to its partition, and under a sharing rule that shares by
         copy it counts as an asker of every page, as a released admission does
         (see :meth:`admit`).
+
+        Raises:
+            InvalidTokensError / ArgumentTypeError: bad ``tokens``, ``namespace`` or ``tenant``.
+            InvalidBlocksError: not one block per full page, an id out of range or repeated, or a
+                block (new, or differing from a cached page's) the caller does not hold.
         """
         key = self._partition(namespace, tenant)
         data, root, node, child, common, present, duplicate, new = self._plan_insert(tokens, blocks, key)
@@ -908,15 +1025,37 @@ class PrefixCache:
         return data, root, node, child, common, present, duplicate, new
 
     # ------------------------------------------------------------------ requests
+    @overload
+    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = ..., priority: int = ...,
+              expires_at: Optional[int] = ..., tenant: Optional[str] = ...,
+              hints: Optional["_policies.RequestHints"] = ..., all_or_nothing: Literal[False] = ...) -> Admission:
+        ...
+
+    @overload
+    def admit(self, tokens: TokensLike, *, namespace: Optional[str] = ..., priority: int = ...,
+              expires_at: Optional[int] = ..., tenant: Optional[str] = ...,
+              hints: Optional["_policies.RequestHints"] = ..., all_or_nothing: bool) -> Optional[Admission]:
+        ...
+
     def admit(self, tokens: TokensLike, *, namespace: Optional[str] = None, priority: int = 0,
               expires_at: Optional[int] = None, tenant: Optional[str] = None,
-              hints: Optional["_policies.RequestHints"] = None) -> Admission:
+              hints: Optional["_policies.RequestHints"] = None, all_or_nothing: bool = False) -> Optional[Admission]:
         """Match, protect, allocate and insert a request's full pages in one step.
 
         The remaining pages get blocks as far as unprotected pages can be
-        evicted; the first ones are cached. The admission keeps every page of
-        the request protected until :meth:`Admission.release`. This is the
-        replay path. Cost: one descent plus the evictions it needs.
+        evicted; the first ones are cached, and the rest are counted in
+        :attr:`Admission.uncached_pages` (10 free blocks and a 20-page prompt:
+        ``new=10, uncached=10``). The admission keeps every page of the request
+        protected until :meth:`Admission.release`. This is the replay path.
+        Cost: one descent plus the evictions it needs.
+
+        ``all_or_nothing=True`` is for an engine that would rather wait than
+        compute part of a prompt outside the cache (vLLM's ``allocate_slots``):
+        when the pages past the hit cannot all get a block, it returns ``None``
+        having done only what :meth:`match` does (the matched pages marked used),
+        with nothing evicted, allocated or protected; retry once admissions are
+        released. Pages a policy with admission control declines are still
+        declined (``uncached_pages``): the check is for room, not for the policy.
 
         ``priority`` is a retention class (``>= 0``; higher is evicted later,
         by every policy): the request's cached pages are raised to it, and a
@@ -937,7 +1076,17 @@ class PrefixCache:
         ``hints`` (a :class:`~radixkv.policies.RequestHints`: output length,
         timestamp, session fields) is handed, with the request's length in
         pages, to a policy that asks for it (``on_request``), before the match.
+
+        Raises:
+            InvalidTokensError / ArgumentTypeError: ``tokens`` are not a 1-D run of ints in
+                ``[0, 2**32)`` (a bool or float anywhere is a type error).
+            ArgumentValueError / ArgumentTypeError: a bad ``namespace``, ``tenant``,
+                ``priority``, ``expires_at`` or ``hints``.
+            Any exception of a hook (the policy's, a lower tier's, an observer's) propagates
+            with the admission undone: the cache is as it was, less what the descent loaded.
         """
+        if all_or_nothing.__class__ is not bool:
+            raise ArgumentTypeError(f"all_or_nothing must be a bool, got {all_or_nothing!r}")
         data, num_pages = self._pages(tokens)
         if priority.__class__ is not int or priority or expires_at is not None:
             priority, expires_at = _check_retention(priority, expires_at)
@@ -957,6 +1106,10 @@ class PrefixCache:
         path = self._touch_path(node, now)
         self._lock_node(node)
         need = num_pages - pos
+        if all_or_nothing and need > self._pool.num_free + self._cached - self._protected:
+            self._unlock_node(node)  # as a match() leaves it: touched, nothing protected (an empty root goes)
+            self._count_query(tokens, pos)
+            return None
         holder = node
         new = extents.NONE
         if need:
@@ -999,8 +1152,9 @@ class PrefixCache:
             finish = partial(self._finish_storing, root, data, chain, pos, new, holder, finish)
         if self._copying is not None:  # a release asks for every page of the request
             finish = partial(self._finish_asking, tenant, data, num_pages, namespace, finish)
+        self._count_query(tokens, pos)
         return Admission(pos * self.page_size, path, new, NodeHandle(holder, holder.gen), finish, new_blocks,
-                         self._copied)
+                         self._copied, need - extents.size(new))
 
     def _finish_storing(self, root: Root, data: bytes, chain: Optional[List[bytes]], start: int, new: Parts,
                         holder: Node, finish: Callable[[bool], None], aborted: bool) -> None:
@@ -1040,12 +1194,24 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ payloads
     def read(self, blocks: Union[Sequence[int], np.ndarray]) -> np.ndarray:
-        """Copy of the payload of ``blocks``: shape ``(len(blocks), page_size, *kv_shape)``."""
+        """Copy of the payload of ``blocks``: shape ``(len(blocks), page_size, *kv_shape)``. O(bytes).
+
+        Raises:
+            RadixKVError: the cache keeps no payload (made without ``kv_shape``).
+            InvalidBlocksError: a block id out of range, or a free block.
+        """
         arr = self._payload_blocks(blocks, "read")
         return self._pool.data[arr]
 
     def write(self, blocks: Union[Sequence[int], np.ndarray], data: np.ndarray) -> None:
-        """Store ``data`` (shape ``(len(blocks), page_size, *kv_shape)``) as the payload of ``blocks``."""
+        """Store ``data`` (shape ``(len(blocks), page_size, *kv_shape)``) as the payload of ``blocks``. O(bytes).
+
+        Raises:
+            RadixKVError: the cache keeps no payload (made without ``kv_shape``).
+            InvalidBlocksError: a block id out of range, or a free block.
+            ArgumentValueError: ``data`` of another shape; ArgumentTypeError: a dtype that does not
+                cast ``same_kind`` to the payload's. Nothing is written then.
+        """
         arr = self._payload_blocks(blocks, "write")
         payload = self._pool.data
         expected = (len(arr),) + payload.shape[1:]

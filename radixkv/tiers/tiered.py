@@ -582,6 +582,10 @@ class TieredCache(PrefixCache):
             by_tier["store"] = self.store_hit_blocks * self.page_size
         return by_tier
 
+    def _hits_by_tier(self) -> Dict[str, int]:
+        """:attr:`stats` by tier: :attr:`hit_tokens_by_tier`, taken at each reading. O(tiers)."""
+        return self.hit_tokens_by_tier
+
     @property
     def transfers(self) -> TransferTotals:
         """Bytes and simulated seconds per link so far."""
