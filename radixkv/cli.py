@@ -848,7 +848,11 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help=f"Host-tier capacity per instance: blocks, tokens (3Mtok) or bytes (64GiB), at most "
                    f"{CAPACITY_BOUND}; 0: none.")
 @click.option("--routing", default="round_robin", show_default=True,
-              type=click.Choice(["round_robin", "least_loaded", "cache_aware"]), help="Request routing.")
+              type=click.Choice(["round_robin", "least_loaded", "cache_aware", "kv_events"]),
+              help="Request routing (kv_events: cache-aware from the instances' published KV events alone).")
+@click.option("--event-faults", default=None, metavar="SPEC",
+              help="With --routing kv_events, faults of the event streams, seeded: "
+                   "drop=R,duplicate=R,reorder=R[,seed=N] (rates per batch in [0, 1)).")
 @click.option("--borrowing/--no-borrowing", default=False, show_default=True,
               help="Lend spare HBM between instances (Infinite-LLM).")
 @click.option("--lend-cap", default=0.5, show_default=True, type=click.FloatRange(0, 1),
@@ -881,7 +885,8 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @tokenizer_option
 @cost_options
 @user_errors
-def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, borrowing,
+def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, event_faults,
+                borrowing,
                 lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy, page_size,
                 fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, records, tokenizer_path, model, hardware,
                 miss_reasons) -> None:
@@ -898,6 +903,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if policies.create(policy).offline and not routes_ahead(routing, instances):
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
+    faults = event_faults_flag(event_faults, routing)
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
@@ -907,7 +913,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if processes is None:
         cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
                           routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
-                          global_index=global_index, **cluster_store(store_url, store_blocks))
+                          global_index=global_index, event_faults=faults, **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
         serving = dict(on_request=lambda r, h: bar.update(), model=model, hardware=hardware,
@@ -935,6 +941,13 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
             click.echo(f"shared store: {result.store_hit_tokens:,} tokens served, {st.get('pages_written', 0):,} "
                        f"pages written, {st.get('round_trips', 0):,} round trips, "
                        f"{st.get('integrity_misses', 0):,} integrity misses, {st.get('backend_errors', 0):,} errors")
+        if routing == "kv_events":
+            st = result.router_stats
+            click.echo(f"router: {result.router_false_hit_pages:,} false-hit pages, {result.router_missed_pages:,} "
+                       f"missed, {result.router_divergent_pages:,} pages off the instances' HBM at the end; "
+                       f"{st['batches_dropped']:,} batches dropped, {st['duplicates']:,} duplicates skipped, "
+                       f"{st['gaps']:,} gaps, {st['batches_replays']:,} replays, {st['lost']:,} lost; "
+                       f"{result.router_us_per_request:,.0f} us a request")
         if global_index:
             click.echo(f"pulled from peers: {result.peer_hit_tokens:,} tokens ({result.pages_pulled:,} pages), "
                        f"{figure(result.peer_transfer_seconds)} s of transfer\n"
@@ -969,6 +982,18 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
         raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
                                  "--store redis://HOST:PORT")
     return processes
+
+
+def event_faults_flag(spec: Optional[str], routing: str):
+    """``--event-faults`` parsed (``None`` when not given), refused without ``--routing kv_events``."""
+    if spec is None:
+        return None
+    if routing != "kv_events":
+        raise ArgumentValueError(f"--event-faults injects faults into the KV event streams of --routing kv_events; "
+                                 f"got --routing {routing}")
+    from .router.link import EventFaults
+
+    return EventFaults.parse(spec)
 
 
 def cluster_store(url: Optional[str], store_blocks: Optional[int]) -> dict:

@@ -57,8 +57,10 @@ from .tiers.tiered import TieredCache
 from .tiers.config import open_store
 from .store import COUNTERS as STORE_COUNTERS, drop_memory
 from .global_index import GlobalPageIndex
+from .router.inprocess import EventRouting
+from .router.link import EventFaults
 
-ROUTING = ("round_robin", "least_loaded", "cache_aware")
+ROUTING = ("round_robin", "least_loaded", "cache_aware", "kv_events")
 LENDING = ("free", "value")
 DUPLICATES = ("move", "copy")
 """What a pull through the cluster-wide index leaves at its source: its copy demoted to the next to
@@ -416,6 +418,14 @@ class ClusterResult:
             (also in ``hit_tokens_by_tier["store"]``, charged the cost model's ``store`` path);
             store_stats: its counters summed over the instances (round trips, hits, integrity
             misses, backend errors, pages written, ...).
+        event_faults: with ``routing="kv_events"``, the faults injected into the event streams
+            (``drop=..,duplicate=..,reorder=..,seed=..``; ``None``: none); router_false_hit_pages:
+            pages the router predicted on the instance it chose that were not served from cache;
+            router_missed_pages: pages served from cache it did not predict; router_divergent_pages:
+            after the replay's last batches and a replay probe of every stream, pages where the
+            router's HBM view differs from the instances' HBM (0: exact); router_us_per_request:
+            wall time publishing, applying and routing; router_stats: the streams' counters
+            (:meth:`~radixkv.router.inprocess.EventRouting.stats`).
     """
 
     routing: str
@@ -457,9 +467,22 @@ class ClusterResult:
     peer_transfer_seconds: float = 0.0
     index_us_per_request: float = 0.0
     index_pages: int = 0
+    event_faults: Optional[str] = None
+    router_false_hit_pages: int = 0
+    router_missed_pages: int = 0
+    router_divergent_pages: int = 0
+    router_us_per_request: float = 0.0
+    router_stats: Dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _faults_spec(faults: EventFaults) -> Optional[str]:
+    """The ``--event-faults`` spec of ``faults``, ``None`` when there are none."""
+    if not faults.any:
+        return None
+    return f"drop={faults.drop},duplicate={faults.duplicate},reorder={faults.reorder},seed={faults.seed}"
 
 
 def sum_counts(counts: Iterable[Mapping[str, int]]) -> Dict[str, int]:
@@ -529,7 +552,10 @@ class Cluster:
         num_instances: instances; num_blocks: HBM blocks each; page_size, policy: as PrefixCache.
         host_blocks: host-tier blocks per instance (0: none).
         borrowing: lend spare HBM between instances (Infinite-LLM).
-        routing: ``"round_robin"``, ``"least_loaded"`` or ``"cache_aware"``.
+        routing: ``"round_robin"``, ``"least_loaded"``, ``"cache_aware"`` or ``"kv_events"`` (cache-aware
+            from the instances' published KV events alone: :class:`~radixkv.router.inprocess.EventRouting`).
+        event_faults: with ``"kv_events"``, faults of the event transport (:class:`~radixkv.router.link.EventFaults`
+            or its spec ``"drop=0.05,duplicate=0.05,reorder=0.05,seed=0"``).
         lend_cap, low_watermark, candidates: creditor rules (see :class:`GlobalManager`).
         lending: ``"value"``: creditors also lend the slots of pages colder than the debtor's, and
             recall only loans colder than their own pages (LRU only: its rank is a last-use time,
@@ -560,7 +586,8 @@ class Cluster:
                  kv_shape: Optional[Sequence[int]] = None, dtype: str = "float16",
                  load_back: str = "always", balance: float = 0.1, lending: str = "free",
                  lend_margin: float = 2.0, global_index: bool = False, store: Optional[str] = None,
-                 store_blocks: Optional[int] = None, duplicates: str = "move") -> None:
+                 store_blocks: Optional[int] = None, duplicates: str = "move",
+                 event_faults: Union[None, str, EventFaults] = None) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -576,6 +603,12 @@ class Cluster:
                                   f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
         if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
+        if event_faults is not None and routing != "kv_events":
+            raise TierConfigError(f"event_faults needs routing='kv_events', got routing {routing!r}")
+        if isinstance(event_faults, str):
+            event_faults = EventFaults.parse(event_faults)
+        elif event_faults is not None and not isinstance(event_faults, EventFaults):
+            raise TierConfigError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
         if duplicates not in DUPLICATES:
             raise TierConfigError(f"duplicates must be one of {', '.join(DUPLICATES)}, got {duplicates!r}")
         self.duplicates = duplicates
@@ -605,7 +638,7 @@ class Cluster:
             if store == "mooncake":  # the first instance's store started a master: the others join it
                 store = shared.backend.url
             cache = TieredCache(num_blocks, page_size, policy, kv_shape, dtype, tiers=tiers, load_back=load_back,
-                                store=shared)
+                                store=shared, enable_events=routing == "kv_events")
             self.instances.append(Instance(i, cache, borrowed))
         for i in range(num_instances):
             self.manager.heartbeat(i)
@@ -617,6 +650,11 @@ class Cluster:
             self.index = GlobalPageIndex(page_size)
             for inst in self.instances:
                 self.index.join(inst.cache)
+        self.events: Optional[EventRouting] = None
+        """The router fed by the instances' KV events (``routing="kv_events"``), else ``None``."""
+        if routing == "kv_events":
+            self.events = EventRouting([inst.cache for inst in self.instances], page_size, event_faults,
+                                       balance=balance)
         self.last_pull = Pull(0, None)
         """What the last :meth:`admit` pulled from a peer."""
         self.pulled_pages = 0
@@ -640,6 +678,8 @@ class Cluster:
             return i
         if self.routing == "least_loaded":
             return min(range(n), key=lambda i: (self.instances[i].prefill_tokens, i))
+        if self.events is not None:
+            return self.events.route(tokens, namespace)
         # Cache-aware among instances not overloaded: a prefix every request shares (a system
         # prompt) must not pull the whole trace to one instance.
         floor = min(inst.prefill_tokens for inst in self.instances)
@@ -689,6 +729,8 @@ class Cluster:
                 index.expect(i, None)
             self.last_pull = self._pull(i, admission, tokens, namespace, keys)
         m.clock = max(m.clock, cache.clock)
+        if self.events is not None:
+            self.events.served(i, admission.hit_tokens // self.page_size)
         inst.requests += 1
         inst.prefill_tokens += len(tokens) - admission.hit_tokens
         self.manager.heartbeat(i)
@@ -746,11 +788,22 @@ class Cluster:
             self._prepare(requests)
         stats = [ReplayStats(self.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
                              tier_costs=inst.cache.cost_model) for inst in self.instances]
+        events = self.events
+        counts0 = (events.false_hit_pages, events.missed_pages, events.seconds) if events is not None else (0, 0, 0.0)
         try:
             count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons)
         finally:
             for inst, st in zip(self.instances, stats):
                 st.detach(inst.cache)
+        router: Dict[str, object] = {}
+        if events is not None:
+            events.finish()
+            router = dict(event_faults=_faults_spec(events.links[0].faults),
+                          router_false_hit_pages=events.false_hit_pages - counts0[0],
+                          router_missed_pages=events.missed_pages - counts0[1],
+                          router_divergent_pages=events.divergent_pages(),
+                          router_us_per_request=(events.seconds - counts0[2]) / count * 1e6 if count else 0.0,
+                          router_stats=events.stats())
         by_tier = sum_counts(inst.cache.hit_tokens_by_tier for inst in self.instances)
         links: Dict[str, int] = {}
         pulled = self.pulled_pages - pulled0
@@ -774,7 +827,7 @@ class Cluster:
             store=self.store_url, store_hit_tokens=by_tier.get("store", 0), store_stats=self._store_stats(),
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
-            index_pages=len(self.index) if self.index is not None else 0)
+            index_pages=len(self.index) if self.index is not None else 0, **router)
 
     def _replay(self, requests: Iterable[Request], stats: List[ReplayStats], on_request, on_record,
                 miss_reasons: bool) -> Tuple[int, float, float]:
@@ -869,5 +922,7 @@ class Cluster:
         for inst in self.instances:
             inst.cache.check()
         self.manager.check()
+        if self.events is not None:
+            self.events.index.check()
         if self.index is not None:
             self.index.check()

@@ -21,6 +21,7 @@ LAYERS = [
     {"pool", "victims", "capacity", "tenancy", "copies"},
     {"policies"},
     {"events"},
+    {"router"},
     {"store"},
     {"lower"},
     {"cache"},

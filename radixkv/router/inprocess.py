@@ -1,0 +1,113 @@
+"""EventRouting: a :class:`~radixkv.router.routing.KVRouter` over caches in this process, fed only by their events.
+
+What ``Cluster(routing="kv_events")`` routes with. Before each decision every cache's pending
+events are encoded as one vLLM ``KVEventBatch`` (:func:`~radixkv.events.wire.encode_batch`, the
+bytes a ZMQ publisher sends) and delivered to the router's index through an
+:class:`~radixkv.router.link.EventLink` (faults optional). The router never reads a cache: the
+caches are read only to publish their events and, for the report, to compare what the router
+predicted with what was served (:attr:`false_hit_pages`, :attr:`missed_pages`) and its view with
+their HBM residency (:meth:`divergent_pages`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import ArgumentValueError
+from ..events.log import MEDIUM_GPU
+from ..events.wire import encode_batch
+from .index import KVIndex
+from .link import EventFaults, EventLink
+from .routing import KVRouter
+
+
+class EventRouting:
+    """Routes over ``caches`` (each created with ``enable_events``) from their published events alone.
+
+    Args:
+        caches: the instances' caches, instance ``i`` being ``caches[i]``.
+        page_size: their page size.
+        faults: what the event transport does wrong (default: nothing).
+        balance: as :class:`KVRouter`.
+
+    Cost per request: encoding and applying the events the caches recorded since the last one
+    (O(pages entering or leaving)), and the router's (hashing the prompt's pages).
+    """
+
+    def __init__(self, caches: Sequence[Any], page_size: int, faults: Optional[EventFaults] = None, *,
+                 balance: float = 0.1) -> None:
+        for i, cache in enumerate(caches):
+            if getattr(cache, "event_log", None) is None:
+                raise ArgumentValueError(f"routing by KV events needs caches created with enable_events "
+                                         f"(instance {i} has none)")
+        self.caches = list(caches)
+        self.index = KVIndex()
+        self.router = KVRouter(self.index, range(len(self.caches)), page_size=page_size,
+                               hasher=self.caches[0].event_log.hasher, balance=balance)
+        self.links = [EventLink(self.index, i, faults) for i in range(len(self.caches))]
+        self.false_hit_pages = 0
+        """Pages the router predicted on the instance it chose that the admission did not hit."""
+        self.missed_pages = 0
+        """Pages the admission hit that the router did not predict."""
+        self.seconds = 0.0
+        """Wall time publishing, applying and routing."""
+        self._predicted: Optional[int] = None
+
+    def publish(self) -> None:
+        """Send every cache's pending events as one batch each (an engine step). O(events)."""
+        for cache, link in zip(self.caches, self.links):
+            events = cache.take_events()
+            if events:
+                link.publish(encode_batch(events, ts=0.0))
+
+    def route(self, tokens, namespace: Optional[str] = None) -> int:
+        """The instance for a request: events published, then the router's choice. Counts it in flight."""
+        start = time.perf_counter()
+        self.publish()
+        choice = self.router.route(tokens, cache_salt=namespace)
+        self._predicted = choice.overlap_pages
+        self.seconds += time.perf_counter() - start
+        return choice.instance
+
+    def served(self, instance: int, hit_pages: int) -> None:
+        """The request routed last was admitted on ``instance`` with ``hit_pages``: count the prediction's
+        error and take it out of flight (a simulated request completes at once)."""
+        if self._predicted is None:
+            raise ArgumentValueError("served() without a route() before it")
+        self.false_hit_pages += max(0, self._predicted - hit_pages)
+        self.missed_pages += max(0, hit_pages - self._predicted)
+        self._predicted = None
+        self.router.done(instance)
+
+    def finish(self) -> None:
+        """Publish what is pending, send what the links hold back and probe every stream's tail:
+        afterwards the index has every batch its replay ring still held."""
+        self.publish()
+        for link in self.links:
+            link.flush()
+
+    def divergent_pages(self) -> int:
+        """Pages where the index's HBM view and the caches' HBM differ (both ways, all instances). O(pages)."""
+        out = 0
+        for i, cache in enumerate(self.caches):
+            log = cache.event_log
+            truth = set(log.hasher.event_hashes(list(log.index)))
+            out += len(truth ^ self.index.block_hashes(i, (MEDIUM_GPU, None)))
+        return out
+
+    def stats(self) -> Dict[str, int]:
+        """The streams' counters summed over instances (index side and transport side)."""
+        totals: Dict[str, int] = {}
+        for i, link in enumerate(self.links):
+            st = self.index.status(i)
+            for name in ("applied", "duplicates", "gaps", "restarts", "clears", "lost", "malformed",
+                         "unknown_events"):
+                totals[name] = totals.get(name, 0) + getattr(st, name)
+            for name in ("sent", "dropped", "duplicated", "reordered", "replays", "replayed"):
+                totals[f"batches_{name}"] = totals.get(f"batches_{name}", 0) + getattr(link, name)
+        totals["index_pages"] = len(self.index)
+        return totals
+
+
+__all__: List[str] = ["EventRouting"]

@@ -1,0 +1,161 @@
+"""EventLink: one instance's event stream delivered to a :class:`~radixkv.router.index.KVIndex` in process,
+through a transport that loses, repeats and reorders batches on purpose (seeded).
+
+The simulator's stand-in for a ZMQ PUB socket and its ROUTER replay socket
+(:mod:`radixkv.events.wire`): it numbers the batches from 0, keeps vLLM's replay ring of the
+last ``buffer_steps``, and answers a replay at once, without faults (a replay is a
+request-reply exchange, not a broadcast). Faults, per batch sent: dropped with probability
+``drop``, else held back and sent after the next batch with probability ``reorder``, and sent
+twice with probability ``duplicate``. The index notices the gap a dropped or held batch leaves
+when the next one arrives; :meth:`EventLink.flush` sends what is held and probes the tail, as a
+live subscriber does when its stream goes quiet.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Deque, Hashable, Optional, Tuple
+
+from ..errors import ArgumentTypeError, ArgumentValueError
+from ..keys import check_int
+from .index import KVIndex, fill_gaps
+
+MAX_SEED = 2**32 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class EventFaults:
+    """Fault rates of an event transport (each a probability per batch) and the seed of their draws.
+
+    ``EventFaults.parse("drop=0.05,duplicate=0.05,reorder=0.05,seed=7")`` reads the CLI's
+    ``--event-faults`` spec; a rate left out is 0, the seed 0.
+    """
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("drop", "duplicate", "reorder"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ArgumentValueError(f"event fault rate {name} must be a number in [0, 1), got {value!r}")
+        check_int(self.seed, "event fault seed", minimum=0, maximum=MAX_SEED)
+
+    @property
+    def any(self) -> bool:
+        """Whether any fault is injected."""
+        return bool(self.drop or self.duplicate or self.reorder)
+
+    @classmethod
+    def parse(cls, spec: str) -> "EventFaults":
+        """Faults from ``"drop=R,duplicate=R,reorder=R,seed=N"`` (any subset, any order). Raises
+        :class:`~radixkv.errors.ArgumentValueError` naming the bad part."""
+        if not isinstance(spec, str):
+            raise ArgumentTypeError(f"an event fault spec must be a str, got {spec!r}")
+        values = {}
+        for part in spec.split(","):
+            name, sep, text = part.strip().partition("=")
+            if not sep or name not in ("drop", "duplicate", "reorder", "seed") or name in values:
+                raise ArgumentValueError(f"event faults are drop=R,duplicate=R,reorder=R[,seed=N] (each once), "
+                                         f"got {part.strip()!r} in {spec!r}")
+            try:
+                values[name] = int(text) if name == "seed" else float(text)
+            except ValueError:
+                raise ArgumentValueError(f"event fault {name} must be a {'whole ' if name == 'seed' else ''}number, "
+                                         f"got {text!r}") from None
+        return cls(**values)
+
+
+class EventLink:
+    """Delivers ``instance``'s batches to ``index`` with ``faults``; serves its replay requests.
+
+    Args:
+        index: the receiving index.
+        instance: the name the index keeps the batches under.
+        faults: what goes wrong (default: nothing).
+        buffer_steps: batches kept for replay (vLLM's default 10,000).
+
+    Counters: :attr:`sent`, :attr:`dropped`, :attr:`duplicated`, :attr:`reordered`,
+    :attr:`replays` (requests answered), :attr:`replayed` (batches sent by them).
+    Cost per batch: the index's :meth:`~KVIndex.apply`, plus the replays.
+    """
+
+    def __init__(self, index: KVIndex, instance: Hashable, faults: Optional[EventFaults] = None, *,
+                 buffer_steps: int = 10_000) -> None:
+        if not isinstance(index, KVIndex):
+            raise ArgumentTypeError(f"index must be a KVIndex, got {index!r}")
+        if faults is not None and not isinstance(faults, EventFaults):
+            raise ArgumentTypeError(f"faults must be EventFaults, got {faults!r}")
+        self.index = index
+        self.instance = instance
+        self.faults = faults or EventFaults()
+        self._rng = random.Random(f"{self.faults.seed}:{instance!r}")
+        self._ring: Deque[Tuple[int, bytes]] = deque(maxlen=check_int(buffer_steps, "buffer_steps", minimum=1))
+        self._held: Optional[Tuple[int, bytes]] = None
+        self.next_seq = 0
+        self.sent = self.dropped = self.duplicated = self.reordered = self.replays = self.replayed = 0
+        index.add(instance)
+
+    def publish(self, payload: bytes) -> int:
+        """Send one batch's payload; returns its sequence number."""
+        if not isinstance(payload, (bytes, bytearray)):
+            raise ArgumentTypeError(f"payload must be bytes, got {type(payload).__name__}")
+        seq = self.next_seq
+        self.next_seq += 1
+        self._ring.append((seq, bytes(payload)))
+        self.sent += 1
+        held, self._held = self._held, None
+        f, rng = self.faults, self._rng
+        if f.drop and rng.random() < f.drop:
+            self.dropped += 1
+        elif held is None and f.reorder and rng.random() < f.reorder:
+            self._held = (seq, payload)
+            self.reordered += 1
+        else:
+            self._deliver(seq, payload)
+            if f.duplicate and rng.random() < f.duplicate:
+                self.duplicated += 1
+                self._deliver(seq, payload)
+        if held is not None:
+            self._deliver(*held)
+        return seq
+
+    def restart(self) -> None:
+        """The publisher restarts: numbering from 0 again, its replay ring empty (what was held is lost)."""
+        self.next_seq = 0
+        self._ring.clear()
+        self._held = None
+
+    def flush(self) -> None:
+        """Send the batch held back, then replay from the last batch the index applied (the tail a
+        quiet subscriber probes for)."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._deliver(*held)
+        fill_gaps(self.index, self.instance, self._replay, probe=True)
+
+    def _deliver(self, seq: int, payload: bytes) -> None:
+        self.index.apply(self.instance, seq, payload)
+        if self.index.replay_from(self.instance) is not None:
+            fill_gaps(self.index, self.instance, self._replay)
+
+    def _replay(self, start: int) -> Tuple[bool, Optional[int]]:
+        self.replays += 1
+        first = None
+        for seq, payload in list(self._ring):
+            if seq >= start:
+                first = seq if first is None else first
+                self.replayed += 1
+                self.index.apply(self.instance, seq, payload)
+        return True, first
+
+    def __repr__(self) -> str:
+        return (f"EventLink({self.instance!r}, next_seq={self.next_seq}, sent={self.sent}, dropped={self.dropped}, "
+                f"duplicated={self.duplicated}, reordered={self.reordered}, replays={self.replays})")
+
+
+__all__ = ["EventFaults", "EventLink", "MAX_SEED"]

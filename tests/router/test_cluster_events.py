@@ -1,0 +1,91 @@
+"""cluster --routing kv_events: the simulator's instances publish their events in the wire format and a
+router decides from its index alone; with faulty streams it recovers and ends equal to the instances' HBM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from radixkv.cli import main
+from radixkv.cluster import Cluster
+from radixkv.errors import ArgumentValueError
+from radixkv.tiers.base import TierConfigError
+from radixkv.workload.sources import open_trace
+
+from ..shared_traces import CONVERSATION
+
+N = 250
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return list(open_trace(str(CONVERSATION), limit=N))
+
+
+def replay(routing, requests, **kwargs):
+    cluster = Cluster(4, 3000, 16, routing=routing, **kwargs)
+    result = cluster.replay(requests)
+    cluster.check()
+    return cluster, result
+
+
+def test_kv_events_routes_as_cache_aware_with_no_false_hit(requests):
+    _, aware = replay("cache_aware", requests)
+    cluster, events = replay("kv_events", requests)
+    assert events.hit_tokens == aware.hit_tokens and events.requests_by_instance == aware.requests_by_instance
+    assert (events.router_false_hit_pages, events.router_missed_pages, events.router_divergent_pages) == (0, 0, 0)
+    assert events.router_stats["batches_sent"] == N and events.router_stats["lost"] == 0
+    assert events.event_faults is None and cluster.events.index.instances == [0, 1, 2, 3]
+
+
+def test_faulty_streams_recover_and_the_index_ends_equal_to_the_instances_hbm(requests):
+    spec = "drop=0.2,duplicate=0.2,reorder=0.2,seed=3"
+    _, aware = replay("cache_aware", requests)
+    cluster, faulty = replay("kv_events", requests, event_faults=spec)
+    st = faulty.router_stats
+    assert min(st["batches_dropped"], st["batches_duplicated"], st["batches_reordered"], st["gaps"]) > 0
+    assert faulty.router_divergent_pages == 0 and st["lost"] == 0 and st["malformed"] == 0
+    assert abs(faulty.token_hit_rate - aware.token_hit_rate) < 0.02
+    assert faulty.event_faults == "drop=0.2,duplicate=0.2,reorder=0.2,seed=3"
+    _, again = replay("kv_events", requests, event_faults=spec)                  # seeded: the same run
+    assert (again.hit_tokens, again.router_stats) == (faulty.hit_tokens, faulty.router_stats)
+
+
+def test_a_crashed_instance_is_cleared_in_the_index(requests):
+    cluster = Cluster(2, 3000, 16, routing="kv_events")
+    cluster.replay(requests[:40])
+    cluster.crash(1)
+    cluster.replay(requests[40:60])
+    assert cluster.events.index.status(1).clears == 1
+    assert cluster.events.divergent_pages() == 0
+    cluster.check()
+
+
+def test_event_faults_need_kv_events_and_a_good_spec():
+    with pytest.raises(TierConfigError):
+        Cluster(2, 10, 4, routing="cache_aware", event_faults="drop=0.1")
+    for spec in ("drop=1", "drop=x", "lose=0.1", "drop=0.1,drop=0.2", "seed=-1", "seed=4294967296"):
+        with pytest.raises(ArgumentValueError):
+            Cluster(2, 10, 4, routing="kv_events", event_faults=spec)
+
+
+def cli(*args):
+    return CliRunner().invoke(main, ["cluster", str(CONVERSATION), "--limit", "30", "--instances", "2",
+                                     "--num-blocks", "2000", "--quiet", *args])
+
+
+def test_the_command_reports_the_router_and_refuses_bad_faults_in_one_line():
+    out = cli("--routing", "kv_events", "--event-faults", "drop=0.1,seed=2", "--json")
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.output)
+    assert row["routing"] == "kv_events" and row["router_divergent_pages"] == 0
+    assert {"router_false_hit_pages", "router_missed_pages", "router_stats"} <= row.keys()
+    table = cli("--routing", "kv_events")
+    assert table.exit_code == 0 and "false-hit pages" in table.output
+    for args, message in ((["--event-faults", "drop=0.1"], "--event-faults injects faults"),
+                          (["--routing", "kv_events", "--event-faults", "drop=2"], "must be a number in [0, 1)"),
+                          (["--routing", "kv_events", "--event-faults", "seed=1.5"], "must be a whole number")):
+        out = cli(*args)
+        assert out.exit_code == 2 and out.output.count("\n") == 1 and message in out.output, out.output

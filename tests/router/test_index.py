@@ -1,0 +1,178 @@
+"""KVIndex: a view of every instance's pages built from KV event batches alone, exact under lost,
+repeated and reordered batches, restarts and clears; bad payloads counted, never raised."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
+from radixkv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from radixkv.events.wire import encode_batch
+from radixkv.router import KVIndex
+from radixkv.router.index import APPLIED, DUPLICATE, HELD, LATE, RESTARTED
+
+from ..events.vllm_router import BlockRemoved as VBlockRemoved
+from ..events.vllm_router import BlockStored as VBlockStored
+from ..events.vllm_router import KVEventBatch as VBatch
+
+GPU, CPU = ("GPU", None), ("CPU", None)
+
+
+def stored(hashes, medium="GPU", ts=0.0):
+    return encode_batch([BlockStored(list(hashes), None, [0] * len(hashes), 1, medium=medium)], ts=ts)
+
+
+def removed(hashes, medium="GPU", ts=0.0):
+    return encode_batch([BlockRemoved(list(hashes), medium)], ts=ts)
+
+
+def test_stored_removed_and_overlap_per_instance_and_medium():
+    index = KVIndex()
+    assert index.apply("a", 0, stored([1, 2, 3])) == APPLIED
+    assert index.apply("b", 0, stored([1, 2])) == APPLIED
+    assert index.apply("b", 1, stored([3, 4], "CPU")) == APPLIED
+    assert index.overlap([1, 2, 3, 4, 5]) == {"a": 3, "b": 4}
+    assert index.block_hashes("b") == {1, 2, 3, 4}
+    assert index.block_hashes("b", CPU) == {3, 4} and index.block_hashes("b", GPU) == {1, 2}
+    assert index.apply("a", 1, removed([2])) == APPLIED
+    assert index.overlap([1, 2, 3]) == {"a": 1, "b": 3}          # a's hole ends its run
+    index.apply("b", 2, removed([3], "CPU"))
+    assert index.overlap([1, 2, 3, 4]) == {"a": 1, "b": 2}
+    assert index.block_hashes("b") == {1, 2, 4} and len(index) == 4
+    assert index.overlap([9, 1]) == {"a": 0, "b": 0}
+    index.check()
+
+
+def test_a_page_on_two_media_counts_once_and_leaves_with_its_last_copy():
+    index = KVIndex()
+    index.apply("a", 0, stored([1, 2]))
+    index.apply("a", 1, stored([2], "CPU"))
+    assert index.status("a").blocks == 2
+    index.apply("a", 2, removed([2]))
+    assert index.overlap([1, 2]) == {"a": 2} and index.block_hashes("a", CPU) == {2}
+    index.apply("a", 3, removed([2], "CPU"))
+    assert index.overlap([1, 2]) == {"a": 1} and index.status("a").blocks == 1
+    index.check()
+
+
+def test_runs_weigh_each_page_by_its_best_medium():
+    index = KVIndex()
+    index.apply("a", 0, stored([1, 2]))
+    index.apply("a", 1, stored([3], "CPU"))
+    index.apply("b", 0, stored([1, 2, 3]))
+    g, c = index.media.index(GPU), index.media.index(CPU)
+    weights = [0.0, 0.0]
+    weights[g], weights[c] = 1.0, 0.25
+    pages, worth = index.runs([1, 2, 3, 4], weights)
+    a, b = index.slot("a"), index.slot("b")
+    assert pages == {a: 3, b: 3} and worth == {a: 2.25, b: 3.0}
+
+
+def test_all_blocks_cleared_empties_only_that_instance_where_it_sits_in_the_batch():
+    index = KVIndex()
+    index.apply("a", 0, stored([1, 2]))
+    index.apply("b", 0, stored([1, 2]))
+    batch = encode_batch([AllBlocksCleared(), BlockStored([7], None, [0], 1)])
+    index.apply("a", 1, batch)
+    assert index.block_hashes("a") == {7} and index.block_hashes("b") == {1, 2}
+    assert index.status("a").clears == 1 and index.status("a").blocks == 1
+    index.check()
+
+
+def test_a_duplicate_is_applied_once():
+    index = KVIndex()
+    index.apply("a", 0, stored([1]))
+    index.apply("a", 1, removed([1]))
+    assert index.apply("a", 0, stored([1])) == DUPLICATE
+    assert index.block_hashes("a") == set() and index.status("a").duplicates == 1
+
+
+def test_a_gap_holds_later_batches_until_the_replay_fills_it():
+    index = KVIndex()
+    index.apply("a", 0, stored([1]))
+    assert index.replay_from("a") is None
+    assert index.apply("a", 2, stored([3])) == HELD
+    assert index.apply("a", 3, stored([4])) == HELD
+    st = index.status("a")
+    assert st.stale and st.gaps == 1 and st.held == 2 and index.replay_from("a") == 0  # one before: a check
+    assert index.block_hashes("a") == {1}
+    assert index.apply("a", 0, stored([1])) == DUPLICATE      # the replay's first batch matches: same stream
+    assert index.apply("a", 1, stored([2])) == APPLIED
+    assert index.block_hashes("a") == {1, 2, 3, 4} and not index.status("a").stale
+    assert index.apply("a", 2, stored([3])) == DUPLICATE       # the rest of the replay
+    assert index.status("a").next_seq == 4 and index.status("a").exact
+
+
+def test_a_restarted_publisher_resets_the_view():
+    index = KVIndex()
+    index.apply("a", 0, stored([1], ts=1.0))
+    index.apply("a", 1, stored([2], ts=1.0))
+    assert index.apply("a", 0, stored([5], ts=2.0)) == RESTARTED   # number 0 again, other bytes
+    assert index.block_hashes("a") == {5} and index.status("a").restarts == 1
+    # a restart seen first through a gap: the replay's first batch (one before the gap) differs
+    assert index.apply("a", 3, stored([8], ts=3.0)) == HELD
+    assert index.replay_from("a") == 0
+    assert index.apply("a", 0, stored([6], ts=3.0)) == RESTARTED
+    assert index.replay_from("a") is None and index.block_hashes("a") == {6}
+    index.check()
+
+
+def test_lost_batches_skip_ahead_marked_inexact_and_a_late_one_is_ignored():
+    index = KVIndex()
+    index.apply("a", 0, stored([1]))
+    index.apply("a", 3, stored([4]))
+    assert index.lost("a") == 2
+    st = index.status("a")
+    assert not st.exact and st.lost == 2 and st.next_seq == 4 and index.block_hashes("a") == {1, 4}
+    assert index.apply("a", 2, stored([3])) == LATE and index.block_hashes("a") == {1, 4}
+    assert index.lost("a") == 0
+
+
+def test_too_many_held_batches_give_the_oldest_gap_up():
+    index = KVIndex(max_held=2)
+    for seq in (2, 3, 4):
+        index.apply("a", seq, stored([seq]))
+    assert index.status("a").lost == 2 and index.block_hashes("a") == {2, 3, 4}
+
+
+def test_malformed_payloads_and_unknown_events_are_counted_and_skipped():
+    index = KVIndex()
+    index.apply("a", 0, b"\xc1not msgpack")
+    index.apply("a", 1, msgspec.msgpack.encode({"not": "a batch"}))
+    mixed = msgspec.msgpack.encode([0.0, [{"type": "BlockMoved", "block_hashes": [1]},
+                                          {"type": "BlockStored", "block_hashes": [2], "medium": "GPU"},
+                                          {"type": "BlockStored", "block_hashes": "x"}, 7], 0])
+    assert index.apply("a", 2, mixed) == APPLIED
+    st = index.status("a")
+    assert (st.malformed, st.unknown_events, st.next_seq, st.exact) == (2, 3, 3, False)
+    assert index.block_hashes("a") == {2}
+
+
+def test_vllms_own_encoding_bytes_hashes_extra_fields_and_other_groups():
+    index = KVIndex()
+    events = [VBlockStored(block_hashes=[b"h1", b"h2"], parent_block_hash=None, token_ids=[1, 2], block_size=1,
+                           lora_id=None, medium="GPU", lora_name=None, group_idx=0, kv_cache_spec_kind="full",
+                           lookahead_token_ids=[[3]]),
+              VBlockStored(block_hashes=[b"h9"], parent_block_hash=None, token_ids=[1], block_size=1,
+                           lora_id=None, medium="GPU", lora_name=None, group_idx=1),
+              VBlockRemoved(block_hashes=[b"h2"], medium="STORAGE", locality="REMOTE")]
+    index.apply(7, 0, msgspec.msgpack.encode(VBatch(ts=1.0, events=events)))
+    assert index.block_hashes(7) == {b"h1", b"h2"} and index.status(7).other_groups == 1
+    assert index.overlap([b"h1", b"h2"]) == {7: 2}
+
+
+def test_bad_arguments_raise_typed_errors_and_change_nothing():
+    index = KVIndex()
+    index.apply("a", 0, stored([1]))
+    for seq in (-1, 2**64, 1.0, True, "1"):
+        with pytest.raises((ArgumentTypeError, ArgumentValueError)):
+            index.apply("a", seq, stored([2]))
+    with pytest.raises(ArgumentTypeError):
+        index.apply("a", 1, "payload")
+    with pytest.raises(ArgumentTypeError):
+        index.apply(["unhashable"], 0, stored([2]))
+    with pytest.raises(ArgumentValueError):
+        KVIndex(window=0)
+    assert index.status("a").next_seq == 1 and index.block_hashes("a") == {1} and index.instances == ["a"]
+    index.check()
