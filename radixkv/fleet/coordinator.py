@@ -69,6 +69,10 @@ START_METHOD = "spawn"
 START_SECONDS = 60.0
 """Seconds a worker may take to start (an interpreter, numpy and radixkv imported, its cache built), at the
 least: a busy machine's imports must not pass for a hang however short the fleet's ``timeout``."""
+STORE_TIMEOUT = 5.0
+"""Seconds a worker's store call may take by default. A capacity-bound write of a long prompt's pages
+(a Lua script stamping and evicting a few hundred pages) took over 0.25 s now and then with four
+workers on two busy CPUs, and each such timeout was a miss the simulator does not have."""
 WAIT_SLICE = 0.5
 """Seconds between two looks at the workers' liveness and progress while waiting."""
 
@@ -141,6 +145,9 @@ class Fleet:
         timeout: seconds the fleet may go without serving a request, or a worker without answering,
             before the worker holding things up is declared hung (starting may take
             :data:`START_SECONDS` whatever this is).
+        store_timeout: seconds the store may take to answer one call before that call's pages count as
+            misses (default :data:`STORE_TIMEOUT`: a replay's figures must not depend on how busy the
+            machine is; an engine serving users would rather miss sooner, as the store's own 0.25 s).
 
     A script that makes a fleet must start under ``if __name__ == "__main__":``: each ``spawn``-ed
     worker imports the script's main module again (multiprocessing's "safe importing of main
@@ -151,7 +158,7 @@ class Fleet:
 
     def __init__(self, processes: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
                  host_blocks: int = 0, store: Optional[str] = None, store_blocks: Optional[int] = None,
-                 miss_reasons: bool = False, timeout: float = 60.0) -> None:
+                 miss_reasons: bool = False, timeout: float = 60.0, store_timeout: float = STORE_TIMEOUT) -> None:
         processes = check_positive_int(processes, "processes")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(page_size, "page_size")
@@ -168,6 +175,8 @@ class Fleet:
                 raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or not store_timeout > 0:
+            raise ArgumentValueError(f"store_timeout must be a number of seconds > 0, got {store_timeout!r}")
         self.processes = processes
         self.num_blocks = num_blocks
         self.page_size = page_size
@@ -195,7 +204,7 @@ class Fleet:
             self._served = ctx.RawValue("q", 0)
             for index in range(processes):
                 spec = WorkerSpec(index, processes, num_blocks, page_size, policy, host_blocks, self.store_url,
-                                  self.miss_reasons, os.getpid())
+                                  float(store_timeout), self.miss_reasons, os.getpid())
                 inbox_r, inbox_w = ctx.Pipe(duplex=False)
                 outbox_r, outbox_w = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=run_worker, args=(spec, inbox_r, outbox_w, self._batons, self._served),
@@ -463,11 +472,13 @@ def _last_words(w: _Worker) -> str:
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,
                  policy: str = "lru", *, host_blocks: int = 0, store: Optional[str] = None,
                  store_blocks: Optional[int] = None, miss_reasons: bool = False, timeout: float = 60.0,
+                 store_timeout: float = STORE_TIMEOUT,
                  **replay: Any) -> FleetResult:
     """Start a :class:`Fleet`, :meth:`Fleet.replay` ``requests`` (``replay``: its keyword arguments), stop it."""
     with Fleet(processes, num_blocks, page_size, policy, host_blocks=host_blocks, store=store,
-               store_blocks=store_blocks, miss_reasons=miss_reasons, timeout=timeout) as fleet:
+               store_blocks=store_blocks, miss_reasons=miss_reasons, timeout=timeout,
+               store_timeout=store_timeout) as fleet:
         return fleet.replay(requests, **replay)
 
 
-__all__ = ["CHUNK_REQUESTS", "CHUNK_TOKENS", "Fleet", "FleetError", "FleetResult", "replay_fleet"]
+__all__ = ["CHUNK_REQUESTS", "CHUNK_TOKENS", "Fleet", "FleetError", "FleetResult", "STORE_TIMEOUT", "replay_fleet"]

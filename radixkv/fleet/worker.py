@@ -90,6 +90,7 @@ class WorkerSpec:
         processes: workers in the fleet.
         num_blocks, page_size, policy, host_blocks: its cache (as :class:`~radixkv.cluster.Cluster`'s instances).
         store_url: the shared page store (``redis://...``).
+        store_timeout: seconds the store may take to answer a call (a later answer is a miss).
         miss_reasons: report, per request, the pages another namespace caches (the ``other_namespace``
             miss reason needs the cache, which lives here).
         parent: the coordinator's pid: a worker whose parent is gone stops waiting and exits.
@@ -102,6 +103,7 @@ class WorkerSpec:
     policy: str
     host_blocks: int
     store_url: str
+    store_timeout: float
     miss_reasons: bool
     parent: int
 
@@ -111,7 +113,8 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        store = open_store(spec.store_url, spec.page_size, kv_shape=KV_SHAPE, dtype=DTYPE.name)
+        store = open_store(spec.store_url, spec.page_size, kv_shape=KV_SHAPE, dtype=DTYPE.name,
+                           timeout=spec.store_timeout)
         self.cache = build_cache(spec.num_blocks, spec.page_size, spec.policy, host_blocks=spec.host_blocks,
                                  load_back="always", kv_shape=KV_SHAPE, store=store)
         self.lower = tuple(self.cache.cost_model.tier_paths)

@@ -22,7 +22,7 @@ _FRESH = itertools.count()
 
 
 def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = None, dtype: Any = "float16",
-               model: str = "radixkv", store_blocks: Optional[int] = None) -> Any:
+               model: str = "radixkv", store_blocks: Optional[int] = None, timeout: float = 0.25) -> Any:
     """A :class:`radixkv.store.PageStore` at ``url`` for caches of ``page_size`` (and ``kv_shape`` /
     ``dtype`` payloads; without one, the pages carry no payload and the fingerprint says so).
 
@@ -32,7 +32,8 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     or ``mooncake`` (a Mooncake master and storage node of its own on free loopback ports,
     stopped when the store is closed or garbage collected; about 1.2 s to start). ``store_blocks``
     bounds an in-process store or a single Redis server (its ``?capacity=``: least recently used
-    pages go first, exactly); Mooncake is bounded by its storage nodes' segments. Raises
+    pages go first, exactly); Mooncake is bounded by its storage nodes' segments. ``timeout``: seconds
+    a server may take to answer a call before its pages count as misses. Raises
     ArgumentValueError for a URL it cannot use or a bound it cannot apply.
     """
     from ..store import Fingerprint, PageStore, drop_memory
@@ -53,8 +54,8 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     if url == "mooncake":
         from ..store.mooncake_backend import embedded_backend
 
-        return PageStore(embedded_backend(), fingerprint)
-    store = PageStore.open(url, fingerprint=fingerprint)
+        return PageStore(embedded_backend(timeout=timeout), fingerprint)
+    store = PageStore.open(url, fingerprint=fingerprint, timeout=timeout)
     if fresh:  # its own: its pages go with it
         weakref.finalize(store, drop_memory, url[len("memory://"):].split("?")[0])
     return store
