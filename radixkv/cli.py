@@ -863,17 +863,19 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="Lend free blocks only, or also the slots of pages colder than the debtor's (LRU).")
 @click.option("--store", "store_url", default=None, metavar="URL",
               help="A shared page store read past the cache's own pages and written through at each release: "
-                   "memory (in-process), memory://NAME, or redis://HOST:PORT[/DB] (a server or a cluster).")
+                   "memory (in-process), memory://NAME, redis://HOST:PORT[/DB] (a server or a cluster), "
+                   "mooncake://HOST:PORT[?metadata=URL], or mooncake (a Mooncake master started for the run).")
 @click.option("--store-blocks", default=None, type=int, callback=bounded(MAX_CAPACITY_BLOCKS),
               help=f"Pages the --store holds at most, least recently used evicted exactly (in-process, or kept "
-                   f"by a single Redis server: pydoc radixkv.store.redis_lru); at most {CAPACITY_BOUND}.")
+                   f"by a single Redis server: pydoc radixkv.store.redis_lru); with --processes and --store "
+                   f"mooncake, about that many (the segment of the master it starts); at most {CAPACITY_BOUND}.")
 @click.option("--global-index/--no-global-index", default=False, show_default=True,
               help="Index every instance's HBM pages cluster-wide: a request pulls the pages past its own hit "
                    "from the peer that holds them (hits charged a network transfer).")
 @click.option("--processes", default=None, type=int, callback=bounded(MAX_JOBS),
               help=f"Run each instance in an OS process of its own (N of them: --instances defaults to N), "
-                   f"sharing --store redis://HOST:PORT, or a redis-server started for the run on a free loopback "
-                   f"port and sized by --store-blocks; round robin, every hit page's bytes checked (at most "
+                   f"sharing --store redis://HOST:PORT (or mooncake), or a redis-server started for the run on a "
+                   f"free loopback port; round robin, every hit page's bytes checked (at most "
                    f"{spell(MAX_JOBS)}).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
 @page_size_option
@@ -973,12 +975,17 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
         if refused:
             raise ArgumentValueError(f"--processes routes round robin over caches that share only the store; "
                                      f"{flag} is not supported there")
-    if store_url is not None and not store_url.startswith(("redis://", "rediss://")):
-        raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT, or no "
-                                 f"--store (a redis-server is started for the run); got --store {store_url}")
+    shared = store_url in (None, "redis", "mooncake") or store_url.startswith(("redis://", "rediss://", "mooncake://"))
+    if not shared:
+        raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT or "
+                                 f"mooncake://HOST:PORT, --store mooncake (a Mooncake master started for the run), "
+                                 f"or no --store (a redis-server started for the run); got --store {store_url}")
     if store_url is not None and store_blocks is not None and "capacity=" in store_url:
         raise ArgumentValueError("give the store's page bound once: --store-blocks or the URL's ?capacity=")
-    if store_url is None and shutil.which("redis-server") is None:
+    if store_blocks is not None and store_url is not None and store_url.startswith("mooncake://"):
+        raise ArgumentValueError("--store-blocks bounds a Redis store or the Mooncake master --store mooncake "
+                                 "starts; a running Mooncake store is bounded by its storage nodes' segments")
+    if store_url in (None, "redis") and shutil.which("redis-server") is None:
         raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
                                  "--store redis://HOST:PORT")
     return processes

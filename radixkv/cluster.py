@@ -635,8 +635,8 @@ class Cluster:
             tiers: List[Tier] = [t for t in (borrowed, HostTier(host_blocks, policy) if host_blocks else None) if t]
             shared = (open_store(store, page_size, kv_shape=kv_shape, dtype=dtype, store_blocks=store_blocks)
                       if store is not None else None)
-            if store == "mooncake":  # the first instance's store started a master: the others join it
-                store = shared.backend.url
+            if store == "mooncake":  # the first instance's store started a master (sized): the others join it
+                store, store_blocks = shared.backend.url, None
             cache = TieredCache(num_blocks, page_size, policy, kv_shape, dtype, tiers=tiers, load_back=load_back,
                                 store=shared, enable_events=routing == "kv_events")
             self.instances.append(Instance(i, cache, borrowed))

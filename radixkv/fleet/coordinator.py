@@ -56,7 +56,7 @@ from ..store.backends import redact
 from ..tiers.tiered import default_cost_model
 from ..workload.traces import Request
 from .server import LocalRedis
-from .worker import REPORT_FIELDS, WorkerSpec, run_worker
+from .worker import DTYPE, KV_SHAPE, REPORT_FIELDS, WorkerSpec, run_worker
 
 CHUNK_REQUESTS = 256
 """Requests the coordinator ships per chunk at most (split among the workers)."""
@@ -136,10 +136,13 @@ class Fleet:
         num_blocks, page_size, policy, host_blocks: each instance's cache (HBM blocks, tokens per page,
             eviction policy, host-tier blocks), as :class:`~radixkv.cluster.Cluster`'s. An offline
             policy (``belady``) is refused: its future requests would have to be shipped ahead.
-        store: the shared store's URL, ``redis://HOST:PORT[/DB]`` (a server or a cluster); ``None``
-            starts a redis-server of the fleet's own on a free loopback port, stopped by :meth:`close`.
-        store_blocks: the pages the store holds, least recently used evicted exactly (the URL's
-            ``?capacity=``, kept by a single server: :mod:`~radixkv.store.redis_lru`); ``None``: unbounded.
+        store: the shared store: ``None`` or ``"redis"`` starts a redis-server of the fleet's own on a free
+            loopback port, ``"mooncake"`` a Mooncake master and storage node (both stopped by :meth:`close`);
+            or a URL, ``redis://HOST:PORT[/DB]`` (a server or a cluster) or ``mooncake://HOST:PORT[?...]``.
+        store_blocks: the pages the store holds. On Redis, least recently used evicted exactly (the URL's
+            ``?capacity=``, kept by a single server: :mod:`~radixkv.store.redis_lru`); on the Mooncake
+            master a fleet starts, about that many (its segment's size; Mooncake evicts at its watermark
+            the pages whose lease ran out longest ago). ``None``: unbounded.
         miss_reasons: classify missed tokens as the simulator does (each worker reports the pages
             another namespace caches).
         timeout: seconds the fleet may go without serving a request, or a worker without answering,
@@ -166,13 +169,9 @@ class Fleet:
         if _policies.create(policy).offline:
             raise ArgumentValueError(f"policy {policy!r} is offline: a fleet of processes would have to ship each "
                                      "worker its future requests first; use an online policy")
-        if store is not None and not (isinstance(store, str) and store.startswith(("redis://", "rediss://"))):
-            raise ArgumentValueError(f"a fleet's store must be one its processes share, redis://HOST:PORT, "
-                                     f"got {store!r}")
         if store_blocks is not None:
             check_positive_int(store_blocks, "store_blocks")
-            if store is not None and "capacity=" in urlsplit(store).query:
-                raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
+        store = _check_store(store, store_blocks)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or not store_timeout > 0:
@@ -182,8 +181,9 @@ class Fleet:
         self.page_size = page_size
         self.timeout = float(timeout)
         self.miss_reasons = bool(miss_reasons)
-        self.server: Optional[LocalRedis] = None
-        """The redis-server the fleet started (``None``: it was given a store URL)."""
+        self.server: Optional[Union[LocalRedis, Any]] = None
+        """The store server the fleet started: a :class:`LocalRedis` or a
+        :class:`~radixkv.store.mooncake_backend.MooncakeMaster` (``None``: it was given a store URL)."""
         self.store_capacity_pages = store_blocks
         self.workers: List[_Worker] = []
         self._next = 0  # the worker the next request goes to (round robin)
@@ -194,10 +194,10 @@ class Fleet:
         self._feeder: Optional[threading.Thread] = None
         self._closing = False
         try:
-            if store is None:
-                self.server = self._start_server()
-            self.store_url = store if store is not None else self.server.url
-            if store_blocks is not None:
+            if store in ("redis", "mooncake"):
+                self.server = self._start_server(store, store_blocks)
+            self.store_url = self.server.url if self.server is not None else store
+            if store_blocks is not None and not self.store_url.startswith("mooncake://"):
                 self.store_url += ("&" if urlsplit(self.store_url).query else "?") + f"capacity={store_blocks}"
             ctx = multiprocessing.get_context(START_METHOD)
             self._batons = [ctx.Semaphore(0) for _ in range(processes)]
@@ -221,15 +221,28 @@ class Fleet:
             self.close()
             raise
 
-    def _start_server(self) -> LocalRedis:
+    def _start_server(self, kind: str, store_blocks: Optional[int]) -> Any:
+        """A redis-server (``kind="redis"``), or a Mooncake master and one storage node whose segment holds
+        about ``store_blocks`` of the workers' pages (:func:`~radixkv.store.mooncake_backend.segment_for_pages`;
+        without a bound, :data:`~radixkv.store.mooncake_backend.EMBEDDED_SEGMENT`), on free loopback ports."""
+        if kind == "mooncake":
+            from ..store import HEADER_BYTES
+            from ..store.mooncake_backend import (EMBEDDED_SEGMENT, MooncakeMaster, MooncakeStartError,
+                                                  segment_for_pages)
+
+            value = HEADER_BYTES + self.page_size * int(np.prod(KV_SHAPE)) * DTYPE.itemsize
+            segment = EMBEDDED_SEGMENT if store_blocks is None else segment_for_pages(store_blocks, value)
+            try:
+                return MooncakeMaster(segment)
+            except MooncakeStartError as exc:
+                raise FleetError(f"the fleet's store: {exc}") from None
         try:
-            server = LocalRedis()
+            return LocalRedis()
         except FileNotFoundError:
             raise FleetError("a fleet needs a redis-server on PATH (apt-get install redis-server) or a store URL "
                              "(redis://HOST:PORT)") from None
         except RuntimeError as exc:
             raise FleetError(f"the fleet's store: {exc}") from None
-        return server
 
     # ------------------------------------------------------------------ waiting
     def _check(self, last: List[Any]) -> None:
@@ -467,6 +480,26 @@ def _last_words(w: _Worker) -> str:
     except (EOFError, OSError):
         pass
     return ""
+
+
+def _check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
+    """A fleet's ``store`` argument checked: ``"redis"`` (for ``None``) or ``"mooncake"`` (a server of the
+    fleet's own), or a URL its processes share. Raises :class:`~radixkv.errors.ArgumentValueError`."""
+    if store is None:
+        return "redis"
+    if store in ("redis", "mooncake"):
+        return store
+    if not isinstance(store, str) or not store.startswith(("redis://", "rediss://", "mooncake://")):
+        raise ArgumentValueError(f"a fleet's store must be one its processes share: redis://HOST:PORT, "
+                                 f"mooncake://HOST:PORT, or 'redis' / 'mooncake' (one started for the fleet), "
+                                 f"got {store!r}")
+    if store_blocks is not None and store.startswith("mooncake://"):
+        raise ArgumentValueError("store_blocks bounds a Redis store, or the Mooncake master a fleet starts "
+                                 "(store='mooncake'); a running Mooncake store is bounded by its storage nodes' "
+                                 "segments")
+    if store_blocks is not None and "capacity=" in urlsplit(store).query:
+        raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
+    return store
 
 
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -608,6 +609,25 @@ class MooncakeMaster:
         return f"MooncakeMaster({self.url!r}, segment_bytes={self.segment_bytes})"
 
 
+RESIDENT_BYTES_PER_VALUE_BYTE = 1.13
+"""Segment bytes a stored page takes per byte of its value, in a segment that has reached its eviction
+watermark (cachelib's allocation classes, and the room the watermark keeps free): a 32 MiB segment
+held 273,735 values of 109 bytes (122.6 bytes each), a 64 MiB one 99,962 of 589 (671.3)."""
+
+
+def segment_for_pages(pages: int, value_bytes: int) -> int:
+    """The segment a storage node must lend to hold about ``pages`` values of ``value_bytes`` each once
+    Mooncake evicts at its watermark (:data:`RESIDENT_BYTES_PER_VALUE_BYTE`). Raises
+    :class:`~radixkv.errors.ArgumentValueError` when that is below the smallest segment a storage node
+    takes (:data:`MIN_SEGMENT`), which would hold more pages than asked. O(1)."""
+    segment = math.ceil(pages * value_bytes * RESIDENT_BYTES_PER_VALUE_BYTE)
+    if segment < MIN_SEGMENT:
+        least = math.ceil(MIN_SEGMENT / (value_bytes * RESIDENT_BYTES_PER_VALUE_BYTE))
+        raise ArgumentValueError(f"a Mooncake store of {pages:,} pages is below its smallest segment (16 MiB), "
+                                 f"which holds about {least:,} pages of {value_bytes} bytes")
+    return segment
+
+
 def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.25) -> MooncakePages:
     """A backend on a :class:`MooncakeMaster` of its own, stopped when the backend is closed or garbage
     collected: ``open_store("mooncake")``. Cost: about 1.2 s (the master's start and the client's setup)."""
@@ -619,5 +639,6 @@ def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.2
         raise
 
 
-__all__ = ["EMBEDDED_SEGMENT", "LEASE_MS", "MooncakeMaster", "MooncakePages", "MooncakeStartError", "embedded_backend",
-           "load_mooncake", "mooncake_key", "parse_size"]
+__all__ = ["EMBEDDED_SEGMENT", "LEASE_MS", "MooncakeMaster", "MooncakePages", "MooncakeStartError",
+           "RESIDENT_BYTES_PER_VALUE_BYTE", "embedded_backend", "load_mooncake", "mooncake_key", "parse_size",
+           "segment_for_pages"]

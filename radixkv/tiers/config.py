@@ -32,7 +32,8 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     or ``mooncake`` (a Mooncake master and storage node of its own on free loopback ports,
     stopped when the store is closed or garbage collected; about 1.2 s to start). ``store_blocks``
     bounds an in-process store or a single Redis server (its ``?capacity=``: least recently used
-    pages go first, exactly); Mooncake is bounded by its storage nodes' segments. ``timeout``: seconds
+    pages go first, exactly), or sizes the segment of ``mooncake``'s storage node to hold about
+    that many pages; a running Mooncake store is bounded by its storage nodes' segments. ``timeout``: seconds
     a server may take to answer a call before its pages count as misses. Raises
     ArgumentValueError for a URL it cannot use or a bound it cannot apply.
     """
@@ -43,18 +44,23 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
         url = f"memory://radixkv-{next(_FRESH)}-{id(_FRESH):x}"
     if store_blocks is not None:
         check_positive_int(store_blocks, "store_blocks")
+    if store_blocks is not None and url != "mooncake":
         if not url.startswith(("memory://", "redis://", "rediss://", "unix://")):
-            raise ArgumentValueError("store_blocks bounds an in-process store or a Redis server (its ?capacity=); "
-                                     "Mooncake is bounded by its storage nodes' segments")
+            raise ArgumentValueError("store_blocks bounds an in-process store, a Redis server (its ?capacity=) or "
+                                     "the Mooncake master of 'mooncake'; a running Mooncake store is bounded by "
+                                     "its storage nodes' segments")
         if "capacity=" in urlsplit(url).query:
             raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
         url += ("&" if urlsplit(url).query else "?") + f"capacity={store_blocks}"
     fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
                               page_size=page_size, extra="" if kv_shape else "no payload")
     if url == "mooncake":
-        from ..store.mooncake_backend import embedded_backend
+        from ..store import HEADER_BYTES
+        from ..store.mooncake_backend import EMBEDDED_SEGMENT, embedded_backend, segment_for_pages
 
-        return PageStore(embedded_backend(timeout=timeout), fingerprint)
+        value = HEADER_BYTES + (page_size * int(np.prod(kv_shape)) * np.dtype(dtype).itemsize if kv_shape else 0)
+        segment = EMBEDDED_SEGMENT if store_blocks is None else segment_for_pages(store_blocks, value)
+        return PageStore(embedded_backend(segment, timeout=timeout), fingerprint)
     store = PageStore.open(url, fingerprint=fingerprint, timeout=timeout)
     if fresh:  # its own: its pages go with it
         weakref.finalize(store, drop_memory, url[len("memory://"):].split("?")[0])

@@ -252,3 +252,39 @@ def test_a_page_payload_is_a_finite_function_of_its_namespace_and_prefix():
     assert np.array_equal(a.view(np.uint16), page_payloads(keys.keys(tokens, 3), PS).view(np.uint16))
     for other in (page_payloads(keys.keys(tokens, 3, "ns"), PS), page_payloads(keys.keys(tokens[::-1].copy(), 3), PS)):
         assert not (other.view(np.uint16) == a.view(np.uint16)).all(axis=(1, 2)).any()
+
+
+# --------------------------------------------------------------------- the fleet over Mooncake Store
+def test_processes_over_a_mooncake_master_they_start_serve_what_the_simulator_serves(tmp_path):
+    """``--processes 2 --store mooncake``: a Mooncake master and storage node started for the run (and stopped
+    after it), every hit page's bytes checked, the same serving as the simulator's unbounded store."""
+    from ..store.test_store_mooncake import _require_mooncake
+
+    _require_mooncake()
+    requests = conversations(seed=3)
+    path = tmp_path / "turns.jsonl"
+    write_token_jsonl(requests, str(path))
+    proc = radixkv("cluster", str(path), "--processes", "2", "--num-blocks", str(BLOCKS), "--page-size", str(PS),
+                   "--store", "mooncake", "--json", "--quiet")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    got = json.loads(out)
+    assert_same_serving(got, simulate(requests).as_dict())
+    assert got["store"].startswith("mooncake://127.0.0.1:") and got["store_hit_tokens"] > 0
+    assert got["wrong_pages"] == 0 and got["verified_pages"] == got["hit_tokens"] // PS
+    assert got["store_stats"]["integrity_misses"] == 0 and got["store_stats"]["backend_errors"] == 0
+    port = int(got["store"].split(":")[2].split("?")[0])
+    assert not listening(port)  # the master went with the command
+
+
+@pytest.mark.parametrize("store,blocks,message", [
+    ("mooncake://127.0.0.1:1", "300000", "a running Mooncake store is bounded by its storage nodes' segments"),
+    ("mooncake", "1000", "below its smallest segment (16 MiB), which holds about 136,"),
+])
+def test_a_mooncake_bound_it_cannot_honour_is_refused(tmp_path, store, blocks, message):
+    path = tmp_path / "t.jsonl"
+    write_token_jsonl(generate("mix", 0, 3), str(path))
+    result = CliRunner().invoke(main, ["cluster", str(path), "--processes", "2", "--num-blocks", "100",
+                                       "--store", store, "--store-blocks", blocks])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and message in result.output, result.output
