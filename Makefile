@@ -27,11 +27,13 @@ test-sglang: $(STAMP)
 	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
 	bench/peers/.venv/bin/python -m pytest -q tests/adapters/test_adapters_sglang.py tests/adapters/test_sglang_live.py tests/kit/test_kit_sglang_live.py
 
-## make test-vllm: radixkv's hashes and ZMQ events checked against a real vLLM's (the same bench/peers/.venv)
+## make test-vllm: radixkv's hashes and ZMQ events checked against a real vLLM's, and RadixKVTier inside vLLM's
+## real schedulers (tests/vllm; the same bench/peers/.venv; its Redis runs need redis-server)
 test-vllm: $(STAMP)
 	bash bench/peers/setup.sh
-	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis)==')
-	bench/peers/.venv/bin/python -m pytest -q tests/events/test_vllm_hashing.py tests/events/test_vllm_live.py tests/kit/test_kit_vllm_live.py
+	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis|redis)==')
+	bench/peers/.venv/bin/python -m pytest -q tests/events/test_vllm_hashing.py tests/events/test_vllm_live.py tests/kit/test_kit_vllm_live.py \
+		tests/vllm
 
 ## make bench: micro-benchmarks (pytest-benchmark)
 bench: $(STAMP)
