@@ -563,18 +563,23 @@ def demo_cmd(num_requests, seed, page_size, out_dir, quiet, fmt, as_json, column
     os.makedirs(out_dir, exist_ok=True)
     write_jsonl(rows, os.path.join(out_dir, "demo.jsonl"))
     try:
-        from .analysis.plot import plot_results
+        from .analysis.plot import choose_policies, plot_results
 
         title = (f"generated mix workload (seed {seed}), {len(requests):,} requests \u00b7 page {page_size} "
                  f"\u00b7 {DEFAULT_MODEL}")
+        shown = choose_policies(rows, DEMO_FIGURE_POLICIES)
         png = plot_results(rows, os.path.join(out_dir, "demo.png"), title=title,
-                           ceiling=curve.max_hit_tokens / max(curve.prompt_tokens, 1))
+                           ceiling=curve.max_hit_tokens / max(curve.prompt_tokens, 1), policies=shown)
+        click.echo(f"figure: {', '.join(shown)} (by mean hit rate; all "
+                   f"{len({row['policy'] for row in rows})} in the table)")
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')} and {png}")
     except RuntimeError as exc:  # matplotlib missing: the table is the demo
         click.echo(f"wrote {os.path.join(out_dir, 'demo.jsonl')}; no plot: {exc}")
 
 
 SWEEP_COLUMNS = REPLAY_COLUMNS
+DEMO_FIGURE_POLICIES = 7
+"""Policies the demo figure draws at most (chosen by result: :func:`~radixkv.analysis.plot.choose_policies`)."""
 
 
 def sweep_table_rows(rows: list, model: Optional[str]) -> list:
@@ -708,20 +713,27 @@ CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", 
 
 
 @main.command("plot")
-@click.argument("results", type=click.Path(dir_okay=False))
+@click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", default="curve.png", show_default=True, type=click.Path(dir_okay=False),
-              help="PNG to write.")
+              help="Figure to write: PNG (300 dpi), or vector PDF or SVG, by the extension.")
 @click.option("--title", default="", help="Figure title.")
+@click.option("--policies", "policy_list", default=None, metavar="A,B,...",
+              help="Draw only these policies (lru keeps a curve's 'lru (curve)' too).")
 @user_errors
-def plot_cmd(results, output, title) -> None:
-    """Plot RESULTS (JSONL of `radixkv sweep -o`, or `radixkv curve --json` output): token hit rate
-    and prefill saved against capacity, one line per policy, Belady dashed as the ceiling."""
+def plot_cmd(results, output, title, policy_list) -> None:
+    """Plot RESULTS... (JSONL of `radixkv sweep -o`, `radixkv curve --json` output; several files
+    share one x axis, a column of panels per trace): token hit rate against capacity, one fixed
+    style per policy, Belady dashed as the ceiling, and below it the share of the LRU-to-Belady
+    gap each policy closes (or its miss-ratio reduction over LRU without Belady)."""
     from .analysis.plot import plot_results, read_results
 
-    with naming("RESULTS", results):
-        rows = read_results(results)
+    rows = []
+    for path in results:
+        with naming("RESULTS", path):
+            rows += read_results(path)
+    wanted = None if policy_list is None else policy_list.split(",")
     try:
-        plot_results(rows, output_file("--output", output), title=title)
+        plot_results(rows, output_file("--output", output), title=title, policies=wanted)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}")

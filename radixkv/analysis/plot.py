@@ -1,4 +1,4 @@
-"""Draw sweep results: hit rate and prefill saved against capacity, one line per policy.
+"""Draw sweep results: hit rate against capacity, one line per policy, and how each compares.
 
 Reads the JSONL of ``radixkv sweep`` (one object per (policy, capacity)) and
 the last-line JSON of ``radixkv curve --json`` (drawn as ``lru (curve)``).
@@ -8,10 +8,12 @@ matplotlib is the optional ``plot`` extra, imported only here, when drawing.
 from __future__ import annotations
 
 import os
+import textwrap
+import zlib
 from collections import defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import TraceFormatError
+from ..errors import ArgumentValueError, TraceFormatError
 from ..workload.traces import json_lines
 
 CEILING_POLICY = "belady"
@@ -52,31 +54,6 @@ def _curve_rows(obj: dict, path: str, lineno: int) -> List[dict]:
             for c, h in zip(caps, hits)]
 
 
-def _series(rows: List[dict], key: str) -> Dict[str, List[Tuple[int, float]]]:
-    traces = {row.get("trace") for row in rows}
-    lines: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
-    for row in rows:
-        if key not in row:
-            continue
-        label = row["policy"]
-        if len(traces) > 1:
-            label = f"{os.path.basename(str(row.get('trace')))}: {label}"
-        if row.get("page_size") is not None and len({r.get("page_size") for r in rows}) > 1:
-            label += f" (page {row['page_size']})"
-        lines[label].append((row.get("capacity_tokens", row["num_blocks"]), float(row[key])))
-    return {label: sorted(points) for label, points in lines.items()}
-
-
-DENSE_POINTS = 20
-"""A series with more points than this is drawn as a line with a few evenly spaced markers."""
-
-MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p", "8", "H", "d")
-LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
-COLORS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#882255", "#999999")
-"""Okabe-Ito colours (wine for its hard-to-see yellow), told apart by colour-blind readers; markers
-and line styles differ too, for greyscale."""
-
-
 def no_eviction_ceiling(rows: List[dict]) -> Optional[float]:
     """Token hit rate with unbounded capacity, from any run's miss reasons: every miss but the
     first sight of a page (and partial pages, other namespaces' pages) would have hit; or as a
@@ -105,83 +82,276 @@ def default_title(rows: List[dict]) -> str:
     return " \u00b7 ".join(parts)
 
 
-def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[float] = None) -> str:
-    """Write a PNG with two panels, token hit rate and prefill PFLOPs saved against capacity in tokens.
+POLICY_STYLES: Dict[str, Tuple[str, str, object]] = {
+    "lru": ("#0072B2", "o", "-"),
+    "fifo": ("#E69F00", "s", "--"),
+    "lfu": ("#009E73", "^", "-."),
+    "s3fifo": ("#CC79A7", "D", "-"),
+    "sieve": ("#D55E00", "v", "--"),
+    "arc": ("#56B4E9", "P", "-."),
+    "2q": ("#882255", "X", ":"),
+    "slru": ("#999933", "<", "-"),
+    "lirs": ("#44AA99", ">", "--"),
+    "density": ("#332288", "h", "-."),
+    "adaptive": ("#AA4499", "*", ":"),
+    "gdsf": ("#117733", "p", "-"),
+    "wa": ("#661100", "d", "--"),
+    CEILING_POLICY: ("black", "x", "--"),
+}
+"""(colour, marker, line style) of each policy, the same in every figure radixkv draws: the
+colour-blind-safe Okabe-Ito and Tol colours, each colour once, and markers and dashes that differ
+too, so a greyscale print still tells them apart. Belady is the dashed black ceiling."""
 
-    Each policy has its own colour, marker and line style; Belady, when present, is the
-    dashed black ceiling of the policies, and the no-eviction hit rate (from the miss
-    reasons, or ``ceiling`` when given) a dotted grey line. A policy whose points equal an earlier one's is labelled
-    ``(same as ...)``. The x axis (tokens; GiB of the model's KV on top when the rows
-    name one model) is logarithmic when capacities span more than 10x; y starts at 0.
-    The title defaults to the trace, page size and model. Returns ``out``.
-    Raises RuntimeError when matplotlib (the ``plot`` extra) is missing.
+FALLBACK_COLORS = ("#BBBBBB", "#EE7733", "#0077BB", "#33BBEE", "#EE3377", "#CC3311", "#009988")
+FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X")
+FALLBACK_DASHES = ("-", (0, (5, 1)), (0, (3, 1, 1, 1)), (0, (1, 1)))
+DENSE_POINTS = 20
+"""A series with more points than this is drawn as a line with a few evenly spaced markers."""
+MAX_CAPACITY_TICKS = 8
+"""Capacities run up to this many are the x ticks themselves; more (a curve's grid) get log ticks."""
+MIN_GAP = 0.01
+"""The LRU-to-Belady gap, as a share of prompt tokens, below which the share closed is not drawn:
+a gap of a few tokens makes the ratio noise."""
+COLUMN_INCHES = 3.3
+"""Width of one column of panels: a paper's single column."""
+
+
+def base_policy(name: str) -> str:
+    """The registered policy a series name stands for: ``lru (curve)`` -> ``lru``, an alias
+    (``lfu-da``) -> its policy; any other name as is. O(1)."""
+    from .. import policies
+
+    name = name.split(" (", 1)[0]
+    try:
+        return policies.resolve(name).name
+    except KeyError:
+        return name
+
+
+def policy_style(name: str) -> Dict[str, object]:
+    """matplotlib keywords of series ``name``: its policy's fixed :data:`POLICY_STYLES` entry, or
+    for a name radixkv does not ship (a user's policy) one picked from its CRC-32, so it too
+    looks the same in every figure. A curve (``lru (curve)``) is its policy's colour, solid, thin."""
+    base = base_policy(name)
+    if base in POLICY_STYLES:
+        color, marker, dash = POLICY_STYLES[base]
+    else:
+        h = zlib.crc32(base.encode())
+        color, marker, dash = (FALLBACK_COLORS[h % 7], FALLBACK_MARKERS[(h // 7) % 7],
+                               FALLBACK_DASHES[(h // 49) % len(FALLBACK_DASHES)])
+    style: Dict[str, object] = dict(color=color, marker=marker, linestyle=dash, linewidth=1.0, markersize=3.5)
+    if base == CEILING_POLICY:
+        style["linewidth"] = 1.3
+    if name.endswith("(curve)"):
+        style.update(linestyle="-", linewidth=0.8, marker="None")
+    return style
+
+
+def choose_policies(rows: List[dict], limit: int = 7) -> List[str]:
+    """The policies a figure of ``rows`` shows when it may show ``limit``: Belady and LRU (ceiling
+    and baseline) when present, then the others by mean token hit rate over the capacities run,
+    best first. O(rows)."""
+    means: Dict[str, List[float]] = defaultdict(list)
+    for row in rows:
+        means[row["policy"]].append(float(row["token_hit_rate"]))
+    fixed = [p for p in (CEILING_POLICY, "lru") if p in means]
+    rest = sorted((p for p in means if p not in fixed), key=lambda p: (-sum(means[p]) / len(means[p]), p))
+    return (fixed + rest)[:limit]
+
+
+def select_policies(rows: List[dict], wanted: Sequence[str]) -> List[dict]:
+    """The rows of the policies named in ``wanted`` (``lru`` keeps ``lru (curve)`` too); an unknown
+    name is an :class:`~radixkv.errors.ArgumentValueError` listing those the rows have. O(rows)."""
+    have = sorted({row["policy"] for row in rows})
+    keep = {name.strip() for name in wanted if name.strip()}
+    unknown = [n for n in keep if n not in have and not any(base_policy(h) == n for h in have)]
+    if not keep or unknown:
+        raise ArgumentValueError(f"--policies: no results for {(unknown or [''])[0]!r}; the files have "
+                                 f"{', '.join(have)}")
+    return [row for row in rows if row["policy"] in keep or base_policy(row["policy"]) in keep]
+
+
+def _group(rows: List[dict]) -> Dict[str, List[dict]]:
+    """Rows by trace (its file name), in first-seen order: one column of panels each."""
+    groups: Dict[str, List[dict]] = {}
+    for row in rows:
+        groups.setdefault(os.path.basename(str(row.get("trace", ""))), []).append(row)
+    return groups
+
+
+def _series(rows: List[dict]) -> Dict[str, List[Tuple[int, float]]]:
+    """Token hit rate against capacity (tokens when the rows have a page size) per policy, sorted;
+    the page size joins the name when the rows mix page sizes."""
+    mixed = len({r.get("page_size") for r in rows}) > 1
+    lines: Dict[str, List[Tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        label = row["policy"] + (f" (page {row.get('page_size')})" if mixed else "")
+        lines[label].append((row["capacity_tokens"], float(row["token_hit_rate"])))
+    ordered = sorted(lines.items(), key=lambda kv: (CEILING_POLICY in kv[0], kv[0]))
+    return {label: sorted(points) for label, points in ordered}
+
+
+def comparison(series: Dict[str, List[Tuple[int, float]]]) -> Tuple[str, Dict[str, List[Tuple[int, float]]]]:
+    """The second panel: with Belady and LRU run at the same capacities, the share of the gap from
+    LRU to Belady each policy closes, ``(p - lru) / (belady - lru)`` (0 is LRU, 1 the optimum;
+    capacities where the gap is under :data:`MIN_GAP` left out); with LRU only, the miss-ratio
+    reduction over LRU, ``(miss_lru - miss_p) / miss_lru``; without LRU, nothing. Returns the
+    y-axis label and the series. O(points)."""
+    lru = dict(series.get("lru", ()))
+    best = dict(series.get(CEILING_POLICY, ()))
+    if not lru:
+        return "", {}
+    gap = bool(best) and any(best.get(c, 0) - h >= MIN_GAP for c, h in lru.items())
+    out: Dict[str, List[Tuple[int, float]]] = {}
+    for name, points in series.items():
+        if name == "lru" or base_policy(name) == CEILING_POLICY or name.endswith("(curve)"):
+            continue
+        if gap:
+            ys = [(c, (h - lru[c]) / (best[c] - lru[c])) for c, h in points
+                  if c in lru and c in best and best[c] - lru[c] >= MIN_GAP]
+        else:
+            ys = [(c, ((1 - lru[c]) - (1 - h)) / (1 - lru[c])) for c, h in points if c in lru and lru[c] < 1]
+        if ys:
+            out[name] = ys
+    label = "share of LRU\u2013Belady gap closed" if gap else "miss-ratio reduction vs LRU"
+    return (label, out) if out else ("", {})
+
+
+def capacity_ticks(rows: List[dict], log_x: bool) -> List[int]:
+    """The capacities run (not a curve's grid) as x ticks, when there are at most
+    :data:`MAX_CAPACITY_TICKS` and no two would print on each other (a factor 1.4 apart on a log
+    axis, 1/12 of the range on a linear one); else ``[]``, for matplotlib's own. O(rows)."""
+    caps = sorted({row["capacity_tokens"] for row in rows if not row["policy"].endswith("(curve)")})
+    if not caps or len(caps) > MAX_CAPACITY_TICKS:
+        return []
+    close = any(b < 1.4 * a if log_x else b - a < caps[-1] / 12 for a, b in zip(caps, caps[1:]))
+    return [] if close else caps
+
+
+def _tokens(value: float, _pos: object = None) -> str:
+    """A capacity tick: ``9.8k``, ``157k``, ``1.2M``."""
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            v = value / scale
+            return f"{v:.2g}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{value:.0f}"
+
+
+def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[float] = None,
+                 policies: Optional[Sequence[str]] = None) -> str:
+    """Draw sweep and curve results; write ``out`` as PNG, PDF or SVG (by its extension). Returns ``out``.
+
+    One column of panels per trace (several files of one trace, a sweep and its curve, share
+    theirs), all on one shared x axis: capacity in tokens (GiB of the model's KV on top when the
+    rows name one model), logarithmic when the capacities span more than 10x, ticked at the
+    capacities run when there are at most :data:`MAX_CAPACITY_TICKS`. The top panel is the token
+    hit rate, y from 0, under the dotted no-eviction hit rate (from the miss reasons, or
+    ``ceiling``); the second carries the comparison (:func:`comparison`). Each policy keeps its
+    :func:`policy_style` in every figure; a policy whose points equal another's is labelled
+    ``same as ...``. ``policies`` keeps only those (:func:`select_policies`). A column is
+    :data:`COLUMN_INCHES` wide, a paper's single column, with fonts to read at that size; the
+    legend sits below the panels. The title defaults to the trace, page size and model.
+
+    Raises:
+        RuntimeError: matplotlib (the ``plot`` extra) is missing.
+        ArgumentValueError: ``policies`` names a policy the rows do not have.
     """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import PercentFormatter
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator, PercentFormatter
     except ImportError:
         raise RuntimeError("radixkv plot needs matplotlib: pip install 'radixkv[plot]'") from None
+    if policies is not None:
+        rows = select_policies(rows, policies)
     rows = [{**row, "capacity_tokens": row["num_blocks"] * int(row.get("page_size") or 1)} for row in rows]
     in_tokens = all(row.get("page_size") for row in rows)
-    panels = [("token_hit_rate", "token hit rate", 1.0), ("prefill_flops_saved", "prefill saved (PFLOP)", 1e-15)]
-    panels = [p for p in panels if any(p[0] in row for row in rows)]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels) + 1.6, 3.8), squeeze=False)
-    caps = [row["capacity_tokens"] for row in rows]
-    log_x = max(caps) > 10 * min(caps)
-    models = {row.get("model") for row in rows} - {None}
-    gib = _gib_per_token(models.pop()) if len(models) == 1 and in_tokens else None
-    ceiling = no_eviction_ceiling(rows) if ceiling is None else ceiling
-    handles: dict = {}
-    # One style per series name across the panels: a series missing from a panel (a curve has no
-    # prefill figures) must not shift the others onto its colour.
-    names = sorted({name for key, _, _ in panels for name in _series(rows, key)},
-                   key=lambda name: (CEILING_POLICY in name, name))
-    style_index = {name: i for i, name in enumerate(names)}
-    for ax, (key, label, scale) in zip(axes[0], panels):
-        series = sorted(_series(rows, key).items(), key=lambda kv: (CEILING_POLICY in kv[0], kv[0]))
-        seen: Dict[tuple, str] = {}
-        for name, points in series:
-            i = style_index[name]
-            xs, ys = zip(*points)
-            if CEILING_POLICY in name:
-                style = dict(color="black", linestyle="--", linewidth=1.8, marker="x")
-                name = f"{name} (offline optimum)"
-            else:
-                style = dict(color=COLORS[i % len(COLORS)], linestyle=LINESTYLES[i % len(LINESTYLES)],
-                             marker=MARKERS[i % len(MARKERS)], linewidth=1.4)
-            if len(xs) > DENSE_POINTS:  # a one-pass curve's grid: a line, with a few markers to tell it apart
-                style["markevery"] = 0.1  # evenly spaced along the drawn line, on a log axis too
-            same = seen.setdefault(tuple(points), name)
-            shown = name if same == name else f"{name} (same as {same})"
-            (line,) = ax.plot(xs, [y * scale for y in ys], markersize=4, label=shown, **style,
-                              markerfacecolor="none" if same != name else None)
-            handles.setdefault(shown, line)
-        if key == "token_hit_rate":
-            if ceiling is not None:
-                handles["no eviction"] = ax.axhline(ceiling, color="grey", linestyle=":", linewidth=1.2,
-                                                    label="no eviction")
-            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-        if log_x:
-            ax.set_xscale("log")
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("capacity (tokens)" if in_tokens else "capacity (blocks)")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-        if gib:
-            top = ax.secondary_xaxis("top", functions=(lambda t, g=gib: t * g, lambda v, g=gib: v / g))
-            top.set_xlabel(f"GiB of KV ({next(iter({r.get('model') for r in rows}))})", fontsize="small")
-    # One legend beside the panels: it cannot cover a line.
-    fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(0.0, 0.5),
-               fontsize="small", frameon=False)
-    fig.suptitle(title or default_title(rows), fontsize="medium")
-    fig.tight_layout(rect=(0.2, 0, 1, 1))
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
+    groups = _group(rows)
+    panels = {name: (_series(group),) + comparison(_series(group)) for name, group in groups.items()}
+    has_second = any(second for _, _, second in panels.values())
+    nrows, ncols = 1 + has_second, len(groups)
+    entries = len({name for series, _, second in panels.values() for name in [*series, *second]}) + 1
+    legend_inches = 0.13 * -(-entries // (3 * ncols)) + 0.08  # rows of 3 entries a column
+    with plt.rc_context({"font.size": 7, "axes.titlesize": 7, "legend.fontsize": 6.5, "axes.linewidth": 0.6,
+                         "xtick.major.width": 0.6, "ytick.major.width": 0.6}):
+        fig, axes = plt.subplots(nrows, ncols, figsize=(COLUMN_INCHES * ncols, 1.9 * nrows + legend_inches + 0.45),
+                                 squeeze=False, sharex="col")
+        caps = sorted({row["capacity_tokens"] for row in rows})
+        log_x = caps[-1] > 10 * caps[0]
+        pad = (caps[-1] / caps[0]) ** 0.04 if log_x else None  # the columns' one x range, with a margin
+        xlim = (caps[0] / pad, caps[-1] * pad) if log_x else (0, caps[-1] * 1.04)
+        models = {row.get("model") for row in rows} - {None}
+        model = next(iter(models)) if len(models) == 1 else None
+        gib = _gib_per_token(model) if model and in_tokens else None
+        handles: dict = {}
+        for col, (group_name, (series, second_label, second)) in enumerate(panels.items()):
+            group_rows = groups[group_name]
+            top = axes[0][col]
+            seen: Dict[tuple, str] = {}
+            for name, points in series.items():
+                style = policy_style(name)
+                shown = f"{name} (offline optimum)" if base_policy(name) == CEILING_POLICY else name
+                same = seen.setdefault(tuple(points), shown)
+                if same != shown:
+                    shown = f"{shown} (same as {same})"
+                    style["markerfacecolor"] = "none"
+                if len(points) > DENSE_POINTS and style["marker"] != "None":
+                    style["markevery"] = 0.1
+                xs, ys = zip(*points)
+                (line,) = top.plot(xs, ys, label=shown, **style)
+                handles.setdefault(shown, line)
+            limit = no_eviction_ceiling(group_rows) if ceiling is None else ceiling
+            if limit is not None:
+                handles["no eviction"] = top.axhline(limit, color="grey", linestyle=":", linewidth=0.9,
+                                                     label="no eviction")
+            top.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+            top.set_ylim(bottom=0)
+            top.set_ylabel("token hit rate")
+            if ncols > 1:
+                top.set_title(group_name)
+            if has_second:
+                ax = axes[1][col]
+                for name, points in second.items():
+                    xs, ys = zip(*points)
+                    (line,) = ax.plot(xs, ys, label=name, **policy_style(name))
+                    handles.setdefault(name, line)
+                ax.axhline(0, color=POLICY_STYLES["lru"][0], linewidth=0.8)
+                if second_label.startswith("share"):
+                    ax.axhline(1, color="black", linestyle="--", linewidth=0.8)
+                ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+                ax.set_ylabel(second_label or "(no LRU to compare with)")
+        column_ticks = [capacity_ticks(group, log_x) for group in groups.values()]
+        for col, ticks in enumerate(column_ticks):
+            for ax in axes[:, col]:
+                ax.grid(True, alpha=0.3, linewidth=0.5)
+                if log_x:
+                    ax.set_xscale("log")
+                ax.set_xlim(*xlim)
+                if ticks:
+                    ax.xaxis.set_major_locator(FixedLocator(ticks))
+                    ax.xaxis.set_minor_locator(NullLocator())
+                ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+        for ax in axes[-1]:
+            ax.set_xlabel("capacity (tokens)" if in_tokens else "capacity (blocks)")
+        for top, ticks in zip(axes[0], column_ticks) if gib else ():  # after the x scale: it resets these
+            sec = top.secondary_xaxis("top", functions=(lambda t, g=gib: t * g, lambda v, g=gib: v / g))
+            sec.set_xlabel(f"GiB of {model} KV")
+            if ticks:  # the same capacities as below, in GiB
+                sec.xaxis.set_major_locator(FixedLocator([t * gib for t in ticks]))
+            sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
+            sec.xaxis.set_minor_formatter(NullFormatter())  # log minor labels would print over each other
+            sec.tick_params(labelsize=6)
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3 * ncols, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), handlelength=2.6, columnspacing=1.0)
+        heading = title or default_title(rows)
+        fig.suptitle(textwrap.fill(heading, 60 * ncols), fontsize=7)
+        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1), h_pad=0.4)
+        directory = os.path.dirname(os.path.abspath(out))
+        os.makedirs(directory, exist_ok=True)
+        fig.savefig(out, dpi=300)
+        plt.close(fig)
     return out
 
 

@@ -60,6 +60,8 @@ def test_plot_draws_the_dense_curve_as_a_line_in_tokens(trace, tmp_path, monkeyp
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
+    from radixkv.analysis.plot import POLICY_STYLES
+
     out = tmp_path / "curve.json"
     out.write_text(ok("curve", trace, "--json", "--quiet").splitlines()[-1] + "\n")
     curve = json.loads(out.read_text())
@@ -70,27 +72,33 @@ def test_plot_draws_the_dense_curve_as_a_line_in_tokens(trace, tmp_path, monkeyp
     lines = {line.get_label(): line for line in ax.get_lines()}
     lru = lines["lru (curve)"]
     assert list(lru.get_xdata()) == [c * 16 for c in curve["capacities"]]  # tokens, every grid point
-    assert lru.get_markevery() not in (None, 1)  # a line, a few markers
+    assert lru.get_marker() == "None" and lru.get_color() == POLICY_STYLES["lru"][0]  # LRU's colour, a line
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "capacity (tokens)"
     assert lines["no eviction"].get_ydata()[0] == pytest.approx(curve["no_eviction_hit_rate"])
     assert any("GiB" in child.get_xlabel() for child in ax.child_axes)  # the model's KV on the top axis
 
 
-def test_a_policy_keeps_its_style_in_both_panels_beside_a_curve(tmp_path, monkeypatch):
-    """A curve has no prefill panel series; the policies after it must not change colour there."""
+def test_a_policy_keeps_its_style_beside_a_curve_and_in_any_company(tmp_path, monkeypatch):
+    """A policy's colour, marker and dash are its own: the same next to a curve, alone, or among others."""
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
     from radixkv.analysis.plot import plot_results
 
-    rows = [{"policy": p, "num_blocks": c, "page_size": 16, "token_hit_rate": r + d, "prefill_flops_saved": int((r + d) * 1e15)}
-            for p, d in (("lru", 0.0), ("s3fifo", 0.1)) for c, r in ((100, 0.2), (1000, 0.5))]
-    rows += [{"policy": "lru (curve)", "num_blocks": c, "page_size": 16, "token_hit_rate": c / 2000}
-             for c in range(1, 1001, 40)]
-    figures = []
-    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
-    plot_results(rows, str(tmp_path / "p.png"))
-    hit, flops = ({line.get_label(): line for line in ax.get_lines()} for ax in figures[0].axes[:2])
-    for name in ("lru", "s3fifo"):
-        assert (hit[name].get_color(), hit[name].get_marker(), str(hit[name].get_linestyle())) == (
-            flops[name].get_color(), flops[name].get_marker(), str(flops[name].get_linestyle())), name
+    def drawn(policies, curve):
+        rows = [{"policy": p, "num_blocks": c, "page_size": 16, "token_hit_rate": r + d}
+                for p, d in policies for c, r in ((100, 0.2), (1000, 0.5))]
+        if curve:
+            rows += [{"policy": "lru (curve)", "num_blocks": c, "page_size": 16, "token_hit_rate": c / 2000}
+                     for c in range(1, 1001, 40)]
+        figures = []
+        monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+        plot_results(rows, str(tmp_path / "p.png"))
+        return {line.get_label(): (line.get_color(), line.get_marker(), str(line.get_linestyle()))
+                for ax in figures[0].axes for line in ax.get_lines()}
+
+    crowded = drawn([("lru", 0.0), ("s3fifo", 0.1), ("fifo", 0.05), ("arc", 0.07)], curve=True)
+    alone = drawn([("s3fifo", 0.1)], curve=False)
+    pair = drawn([("arc", 0.0), ("lru", 0.1)], curve=False)
+    assert crowded["s3fifo"] == alone["s3fifo"] and crowded["arc"] == pair["arc"] and crowded["lru"] == pair["lru"]
+    assert len({crowded[name] for name in ("lru", "s3fifo", "fifo", "arc")}) == 4

@@ -35,7 +35,7 @@ def test_the_figure_tells_policies_apart_and_draws_both_ceilings(tmp_path, monke
     assert lines["belady (offline optimum)"].get_color() == "black"
     assert lines["no eviction"].get_ydata()[0] == pytest.approx(0.445)  # 1 - (550 + 5) / 1000
     assert list(lines["s3fifo"].get_xdata()) == [1600, 160_000]  # capacity in tokens
-    assert ax.get_xlabel() == "capacity (tokens)" and ax.get_ylim()[0] == 0
+    assert fig.axes[1].get_xlabel() == "capacity (tokens)" and ax.get_ylim()[0] == 0
     assert fig._suptitle.get_text() == "conv.jsonl \u00b7 page 16 \u00b7 llama-3-8b"
 
 
