@@ -33,6 +33,7 @@ test-vllm: $(STAMP)
 	bash bench/peers/setup.sh
 	bench/peers/.venv/bin/python -m pip install --quiet $$($(BIN)/python -m pip freeze | grep -iE '^(pytest|hypothesis|redis)==')
 	bench/peers/.venv/bin/python -m pytest -q tests/events/test_vllm_hashing.py tests/events/test_vllm_live.py tests/kit/test_kit_vllm_live.py \
+		tests/router/test_router_state_vllm.py \
 		tests/vllm
 
 ## make bench: micro-benchmarks (pytest-benchmark)

@@ -15,4 +15,4 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 collect_ignore = [] if importlib.util.find_spec("sglang") else ["adapters/test_sglang_live.py", "kit/test_kit_sglang_live.py"]
 # The same for vLLM (`make test-vllm`).
 if not importlib.util.find_spec("vllm"):
-    collect_ignore += ["events/test_vllm_live.py", "kit/test_kit_vllm_live.py"]
+    collect_ignore += ["events/test_vllm_live.py", "kit/test_kit_vllm_live.py", "router/test_router_state_vllm.py"]

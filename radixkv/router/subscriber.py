@@ -43,7 +43,8 @@ class Subscription:
         topic: topic prefix subscribed to.
         idle_probe: seconds without a message after which the tail is checked by a replay.
 
-    Counters: :attr:`replays` (requests sent), :attr:`bad_frames` (messages not of three
+    Counters: :attr:`received` (messages on the SUB socket), :attr:`replays` (requests sent),
+    :attr:`bad_frames` (messages not of three
     frames or with a sequence number not of 8 bytes: skipped).
     """
 
@@ -65,8 +66,7 @@ class Subscription:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.idle_probe = float(idle_probe)
-        self.replays = 0
-        self.bad_frames = 0
+        self.received = self.replays = self.bad_frames = 0
         ctx = zmq.Context.instance()
         self._sub = ctx.socket(zmq.SUB)
         self._replay = None
@@ -158,6 +158,7 @@ class Subscription:
                 self._probed.notify_all()
 
     def _take(self, frames: Any) -> None:
+        self.received += 1
         if len(frames) != 3 or len(frames[1]) != 8:
             self.bad_frames += 1
             return

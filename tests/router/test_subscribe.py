@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import zmq
 
@@ -34,24 +35,24 @@ def serve(cache, publisher, prompts):
 def test_a_late_subscriber_replays_what_it_missed_and_routes_to_the_cache_holding_the_prefix():
     cache = PrefixCache(num_blocks=40, page_size=4, enable_events=True)
     prompts = [[t % 7 + 100 * i for t in range(24)] for i in range(12)]
-    port, replay = free_port(), free_port()
-    with ZmqEventPublisher(f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{replay}") as pub:
+    replay = free_port()
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=f"tcp://127.0.0.1:{replay}") as pub:
         first = serve(cache, pub, prompts[:6])                 # sent before anyone listens: only the replay has them
         router = KVRouter(KVIndex(), ["idle"], page_size=4)
         with router:
-            sub = router.subscribe(f"tcp://127.0.0.1:{port}", "engine", f"tcp://127.0.0.1:{replay}", idle_probe=0.2)
+            sub = router.subscribe(pub.endpoint, "engine", f"tcp://127.0.0.1:{replay}", idle_probe=30)
+            time.sleep(0.3)                                    # joined: the rest come over PUB/SUB
             last = serve(cache, pub, prompts[6:])
             assert sub.wait(last, timeout=20), sub.status()
             assert router.index.block_hashes("engine") == hbm(cache)
             st = sub.status()
-            assert st.exact and st.next_seq == last + 1 and first < last and sub.replays >= 1
+            assert st.exact and st.next_seq == last + 1 and first < last and sub.replays >= 1 and sub.received > 0
             route = router.route(prompts[-1])
             assert route.instance == "engine" and route.overlap_pages == 6
 
 
-def test_a_publisher_restarted_on_the_same_endpoint_resets_the_view():
-    port, replay = free_port(), free_port()
-    endpoints = (f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}")
+def test_a_publisher_restarted_on_the_same_endpoint_resets_the_view(tmp_path):
+    endpoints = (f"ipc://{tmp_path}/pub", f"tcp://127.0.0.1:{free_port()}")
     index = KVIndex()
     router = KVRouter(index, page_size=4)
     with router:
