@@ -227,13 +227,14 @@ class Fleet:
         without a bound, :data:`~radixkv.store.mooncake_backend.EMBEDDED_SEGMENT`), on free loopback ports."""
         if kind == "mooncake":
             from ..store import HEADER_BYTES
-            from ..store.mooncake_backend import (EMBEDDED_SEGMENT, MooncakeMaster, MooncakeStartError,
-                                                  segment_for_pages)
+            from ..store.mooncake_backend import (DEFAULT_WATERMARK, EMBEDDED_SEGMENT, MooncakeMaster,
+                                                  MooncakeStartError, segment_for_pages)
 
             value = HEADER_BYTES + self.page_size * int(np.prod(KV_SHAPE)) * DTYPE.itemsize
-            segment = EMBEDDED_SEGMENT if store_blocks is None else segment_for_pages(store_blocks, value)
+            segment, watermark = ((EMBEDDED_SEGMENT, DEFAULT_WATERMARK) if store_blocks is None
+                                  else segment_for_pages(store_blocks, value))
             try:
-                return MooncakeMaster(segment)
+                return MooncakeMaster(segment, watermark=watermark)
             except MooncakeStartError as exc:
                 raise FleetError(f"the fleet's store: {exc}") from None
         try:

@@ -111,6 +111,16 @@ MAX_PAGES_PER_CALL = 512
 peer (and admits 1,024 more), and a call past that stalls 60 s and fails (0.3.13)."""
 MIN_SEGMENT = 16 << 20
 """The smallest segment a ``mooncake_client`` storage node accepts."""
+RESIDENT_BYTES_PER_VALUE_BYTE = 1.13
+"""Segment bytes a stored page takes per byte of its value, in a segment that has reached the default
+eviction watermark (:data:`DEFAULT_WATERMARK`; cachelib's allocation classes, and the room the watermark
+keeps free): a 32 MiB segment held 273,735 values of 109 bytes (122.6 bytes each), a 64 MiB one 99,962
+of 589 (671.3)."""
+DEFAULT_WATERMARK = 0.9
+"""The master's ``-eviction_high_watermark_ratio`` by default: eviction starts at this share of a segment."""
+SEGMENT_STEP = 16 << 20
+"""A storage node's segment is a whole number of these (found by trial on 0.3.13: segments of 16, 32 and
+48 MiB start; 24 and 31 MiB abort the node at start-up)."""
 _TRANSPORT = (-900, -901)
 """RPC_FAIL, RPC_TIMEOUT: the master did not answer (anything else negative is an answer that says no)."""
 _ABSENT = (-704,)
@@ -494,24 +504,30 @@ class MooncakeMaster:
     Cost: about 1.1 s to start (the master opens its RPC port after a second).
 
     Args:
-        segment_bytes: the storage node's segment (at least 16 MiB); 0 for none.
+        segment_bytes: the storage node's segment (a multiple of 16 MiB: :data:`SEGMENT_STEP`); 0 for none.
         lease_ms: the master's read lease (``-default_kv_lease_ttl``).
         allocator: the master's ``-memory_allocator``, ``"cachelib"`` or ``"offset"`` (Mooncake's default).
         startup_timeout: seconds to wait for the master's RPC port, then the mounted segment.
-        args: more master flags (``["-eviction_high_watermark_ratio=0.5"]``).
+        watermark: the share of a segment at which the master starts evicting
+            (``-eviction_high_watermark_ratio``; :func:`segment_for_pages` computes one).
+        args: more master flags (``["-eviction_ratio=0.1"]``).
     """
 
     def __init__(self, segment_bytes: int = 64 << 20, *, lease_ms: int = LEASE_MS, allocator: str = "cachelib",
-                 startup_timeout: float = 20.0, args: Sequence[str] = ()) -> None:
-        if segment_bytes and segment_bytes < MIN_SEGMENT:
-            raise ArgumentValueError(f"segment_bytes must be 0 or at least {MIN_SEGMENT}, got {segment_bytes}")
+                 startup_timeout: float = 20.0, watermark: float = DEFAULT_WATERMARK, args: Sequence[str] = ()) -> None:
+        if segment_bytes < 0 or segment_bytes % SEGMENT_STEP:
+            raise ArgumentValueError(f"segment_bytes must be 0 or a multiple of {SEGMENT_STEP} (16 MiB), "
+                                     f"got {segment_bytes}")
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0 < watermark <= 1:
+            raise ArgumentValueError(f"watermark must be a share in (0, 1], got {watermark!r}")
         self._master_bin, self._client_bin = _binary("mooncake_master"), _binary("mooncake_client")
         self.segment_bytes = segment_bytes
         self.rpc_port, self.metadata_port, self.admin_port, self.storage_port = (_free_port() for _ in range(4))
         self.metadata = f"http://127.0.0.1:{self.metadata_port}/metadata"
         self.url = f"mooncake://127.0.0.1:{self.rpc_port}?metadata={self.metadata}"
         """The URL :class:`MooncakePages` (``open_backend``, ``--store``) opens it by."""
-        self._args = [f"-default_kv_lease_ttl={lease_ms}", f"-memory_allocator={allocator}", *map(str, args)]
+        self._args = [f"-default_kv_lease_ttl={lease_ms}", f"-memory_allocator={allocator}",
+                      f"-eviction_high_watermark_ratio={watermark}", *map(str, args)]
         self._timeout = startup_timeout
         self.dir = tempfile.mkdtemp(prefix="radixkv-mooncake-")
         self._env = dict(os.environ, MC_TCP_BIND_ADDRESS="127.0.0.1")
@@ -609,29 +625,27 @@ class MooncakeMaster:
         return f"MooncakeMaster({self.url!r}, segment_bytes={self.segment_bytes})"
 
 
-RESIDENT_BYTES_PER_VALUE_BYTE = 1.13
-"""Segment bytes a stored page takes per byte of its value, in a segment that has reached its eviction
-watermark (cachelib's allocation classes, and the room the watermark keeps free): a 32 MiB segment
-held 273,735 values of 109 bytes (122.6 bytes each), a 64 MiB one 99,962 of 589 (671.3)."""
-
-
-def segment_for_pages(pages: int, value_bytes: int) -> int:
-    """The segment a storage node must lend to hold about ``pages`` values of ``value_bytes`` each once
-    Mooncake evicts at its watermark (:data:`RESIDENT_BYTES_PER_VALUE_BYTE`). Raises
-    :class:`~radixkv.errors.ArgumentValueError` when that is below the smallest segment a storage node
-    takes (:data:`MIN_SEGMENT`), which would hold more pages than asked. O(1)."""
-    segment = math.ceil(pages * value_bytes * RESIDENT_BYTES_PER_VALUE_BYTE)
-    if segment < MIN_SEGMENT:
+def segment_for_pages(pages: int, value_bytes: int) -> Tuple[int, float]:
+    """The segment a storage node must lend, and the master's eviction watermark, to hold about ``pages``
+    values of ``value_bytes`` each once Mooncake evicts (:data:`RESIDENT_BYTES_PER_VALUE_BYTE`): the
+    segment is rounded up to :data:`SEGMENT_STEP`, and the watermark lowered from
+    :data:`DEFAULT_WATERMARK` by as much, so the rounding adds no pages. Raises
+    :class:`~radixkv.errors.ArgumentValueError` when that is below the smallest segment, which would hold
+    more pages than asked. O(1)."""
+    needed = pages * value_bytes * RESIDENT_BYTES_PER_VALUE_BYTE
+    if needed < MIN_SEGMENT:
         least = math.ceil(MIN_SEGMENT / (value_bytes * RESIDENT_BYTES_PER_VALUE_BYTE))
         raise ArgumentValueError(f"a Mooncake store of {pages:,} pages is below its smallest segment (16 MiB), "
                                  f"which holds about {least:,} pages of {value_bytes} bytes")
-    return segment
+    segment = math.ceil(needed / SEGMENT_STEP) * SEGMENT_STEP
+    return segment, round(DEFAULT_WATERMARK * needed / segment, 4)
 
 
-def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.25) -> MooncakePages:
+def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.25, *,
+                     watermark: float = DEFAULT_WATERMARK) -> MooncakePages:
     """A backend on a :class:`MooncakeMaster` of its own, stopped when the backend is closed or garbage
     collected: ``open_store("mooncake")``. Cost: about 1.2 s (the master's start and the client's setup)."""
-    master = MooncakeMaster(segment_bytes)
+    master = MooncakeMaster(segment_bytes, watermark=watermark)
     try:
         return MooncakePages(master.url, timeout, master=master)
     except BaseException:
@@ -640,5 +654,5 @@ def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.2
 
 
 __all__ = ["EMBEDDED_SEGMENT", "LEASE_MS", "MooncakeMaster", "MooncakePages", "MooncakeStartError",
-           "RESIDENT_BYTES_PER_VALUE_BYTE", "embedded_backend", "load_mooncake", "mooncake_key", "parse_size",
+           "RESIDENT_BYTES_PER_VALUE_BYTE", "SEGMENT_STEP", "embedded_backend", "load_mooncake", "mooncake_key", "parse_size",
            "segment_for_pages"]

@@ -56,11 +56,12 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
                               page_size=page_size, extra="" if kv_shape else "no payload")
     if url == "mooncake":
         from ..store import HEADER_BYTES
-        from ..store.mooncake_backend import EMBEDDED_SEGMENT, embedded_backend, segment_for_pages
+        from ..store.mooncake_backend import DEFAULT_WATERMARK, EMBEDDED_SEGMENT, embedded_backend, segment_for_pages
 
         value = HEADER_BYTES + (page_size * int(np.prod(kv_shape)) * np.dtype(dtype).itemsize if kv_shape else 0)
-        segment = EMBEDDED_SEGMENT if store_blocks is None else segment_for_pages(store_blocks, value)
-        return PageStore(embedded_backend(segment, timeout=timeout), fingerprint)
+        segment, watermark = ((EMBEDDED_SEGMENT, DEFAULT_WATERMARK) if store_blocks is None
+                              else segment_for_pages(store_blocks, value))
+        return PageStore(embedded_backend(segment, timeout=timeout, watermark=watermark), fingerprint)
     store = PageStore.open(url, fingerprint=fingerprint, timeout=timeout)
     if fresh:  # its own: its pages go with it
         weakref.finalize(store, drop_memory, url[len("memory://"):].split("?")[0])

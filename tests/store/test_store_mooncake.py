@@ -312,3 +312,23 @@ def test_a_cluster_over_its_own_mooncake_shares_one_master():
     adm.release()
     assert i == 1 and adm.hit_tokens == 4 and cluster.instances[1].cache.hit_tokens_by_tier["store"] == 4
     cluster.check()
+
+
+def test_a_page_bound_becomes_a_whole_segment_and_a_watermark_that_hold_about_that_many_pages():
+    """``segment_for_pages``: the segment in whole 16 MiB steps (other sizes abort the storage node), the
+    watermark lowered so the rounding adds no pages; a bound under the smallest segment is refused."""
+    from radixkv.store.mooncake_backend import (DEFAULT_WATERMARK, RESIDENT_BYTES_PER_VALUE_BYTE, SEGMENT_STEP,
+                                                MooncakeMaster, segment_for_pages)
+
+    for pages, value in ((250_000, 109), (136_300, 109), (1_000_000, 589), (10_000, 65_613)):
+        segment, watermark = segment_for_pages(pages, value)
+        assert segment % SEGMENT_STEP == 0 and 0 < watermark <= DEFAULT_WATERMARK
+        held = segment * watermark / DEFAULT_WATERMARK / (value * RESIDENT_BYTES_PER_VALUE_BYTE)
+        assert held == pytest.approx(pages, rel=1e-3)
+    with pytest.raises(ArgumentValueError, match="below its smallest segment"):
+        segment_for_pages(1000, 109)
+    for bad in (24 << 20, -SEGMENT_STEP):
+        with pytest.raises(ArgumentValueError, match="multiple of"):
+            MooncakeMaster(bad)
+    with pytest.raises(ArgumentValueError, match="watermark"):
+        MooncakeMaster(SEGMENT_STEP, watermark=0)
