@@ -31,8 +31,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate, repeat, takewhile
-from operator import and_
+from itertools import accumulate, islice, repeat
+from bisect import bisect_right
+from operator import and_, neg
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
@@ -50,6 +51,7 @@ MAX_MEDIA = GROUP_BITS - 1
 _GROUP = (1 << GROUP_BITS) - 1
 _MEDIA = _GROUP & ~1
 _MISSING = object()
+_FEW_MASKS = 16
 
 
 def _decoders() -> Tuple[Any, Any, Dict[str, Any]]:
@@ -193,7 +195,7 @@ class KVIndex:
         """Per known instance, how many leading ``block_hashes`` it holds, on any medium.
 
         Cost: one dict lookup per page up to the end of the longest held prefix, all at C speed
-        (a running AND of the pages' masks), plus O(instances).
+        (a running AND of the pages' masks), plus O(instances x log pages).
         """
         runs = self.runs(block_hashes)
         return {inst: runs[0].get(st.slot, 0) for inst, st in self._streams.items()}
@@ -208,44 +210,71 @@ class KVIndex:
         per page of it.
         """
         get = self._where.get
-        running = list(takewhile(bool, accumulate(map(get, block_hashes, repeat(0)), and_)))
-        if not running:
+        raw = list(map(get, block_hashes, repeat(0)))
+        try:
+            total = raw.index(0)  # the first page no instance holds ends every run
+        except ValueError:
+            total = len(raw)
+        if not total:
             return {}, {}
-        chain = sorted(Counter(running).items(), key=lambda kv: -kv[0].bit_count())  # supersets first
+        distinct = set(islice(raw, total))
+        if len(distinct) > _FEW_MASKS:
+            firsts = self._firsts_by_and(raw, total)
+        else:  # the usual case: a handful of masks, each found where it first appears by a C-speed scan
+            firsts = {mask: raw.index(mask, 0, total) for mask in distinct}
+        held = 0
+        for mask in distinct:
+            held |= mask
         pages: Dict[int, int] = {}
-        last: Dict[int, int] = {}
-        total = 0
-        for mask, count in chain:
-            total += count
-            rest = mask
-            while rest:
-                low = rest & -rest
-                bit = low.bit_length() - 1
-                rest &= ~(_GROUP << bit)
-                slot = bit // GROUP_BITS
-                pages[slot] = total
-                last[slot] = mask
+        common: Dict[int, int] = {}  # per instance: the media every page of its run is on
+        varied: Dict[int, bool] = {}  # and whether some page of it is on others too
+        while held:
+            bit = (held & -held).bit_length() - 1
+            slot = bit // GROUP_BITS  # a group's lowest bit is its any-medium bit
+            shift = slot * GROUP_BITS
+            held &= ~(_GROUP << shift)
+            anyb = 1 << shift
+            n = min((first for mask, first in firsts.items() if not mask & anyb), default=total)
+            if n:
+                pages[slot] = n
+                both, either = -1, 0
+                for mask, first in firsts.items():
+                    if first < n:
+                        both &= mask
+                        either |= mask
+                common[slot] = (both >> shift & _MEDIA) >> 1
+                varied[slot] = (either >> shift & _MEDIA) >> 1 != common[slot]
         if weights is None:
             return pages, {}
-        best = max(range(len(weights)), key=weights.__getitem__) if weights else 0
         worth: Dict[int, float] = {}
-        slow = []
         for slot, n in pages.items():
-            if weights and last[slot] >> (slot * GROUP_BITS + 1 + best) & 1:  # the whole run is on the best medium
-                worth[slot] = n * weights[best]
-            else:
-                slow.append(slot)
-        if slow:
-            pairs = Counter(zip(running, map(get, block_hashes[: len(running)])))
-            for slot in slow:
-                shift, anyb = slot * GROUP_BITS, 1 << (slot * GROUP_BITS)
-                w = 0.0
-                for (run, raw), count in pairs.items():
-                    if run & anyb:
-                        media = (raw >> shift & _MEDIA) >> 1
-                        w += count * max((weights[m] for m in range(len(weights)) if media >> m & 1), default=0.0)
-                worth[slot] = w
+            if not varied[slot]:  # every page of the run on the same media
+                media = common[slot]
+                worth[slot] = n * max((weights[m] for m in range(len(weights)) if media >> m & 1), default=0.0)
+                continue
+            shift, w = slot * GROUP_BITS, 0.0
+            for mask, count in Counter(islice(raw, n)).items():
+                media = (mask >> shift & _MEDIA) >> 1
+                w += count * max((weights[m] for m in range(len(weights)) if media >> m & 1), default=0.0)
+            worth[slot] = w
         return pages, worth
+
+    @staticmethod
+    def _firsts_by_and(raw: List[int], total: int) -> Dict[int, int]:
+        """``{mask: its first page}`` for the masks that start a stretch of the running AND of ``raw[:total]``
+        (enough for the runs, whatever the number of distinct masks): the running masks never grow,
+        so each stretch's end is found by bisection."""
+        running = list(accumulate(islice(raw, total), and_))
+        firsts: Dict[int, int] = {}
+        pos = 0
+        while pos < total:
+            mask = running[pos]
+            end = bisect_right(running, -mask, pos, total, key=neg)
+            firsts[mask] = pos
+            if end < total:  # the page where the running mask first lost a bit: a mask lacking it
+                firsts.setdefault(raw[end], end)
+            pos = end
+        return firsts
 
     def block_hashes(self, instance: Hashable, medium: Optional[Medium] = None) -> Set[BlockKey]:
         """The hashes ``instance`` holds (on ``medium`` only, when given). O(index)."""

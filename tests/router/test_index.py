@@ -176,3 +176,49 @@ def test_bad_arguments_raise_typed_errors_and_change_nothing():
         KVIndex(window=0)
     assert index.status("a").next_seq == 1 and index.block_hashes("a") == {1} and index.instances == ["a"]
     index.check()
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+import radixkv.router.index as index_module  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30), st.booleans(), st.booleans()), max_size=120),
+       st.lists(st.integers(0, 30), max_size=40))
+def test_runs_equal_a_naive_count_whatever_the_masks(holdings, request_pages):
+    """Up to six instances holding random pages on GPU and CPU (often more than 16 distinct masks)."""
+    index = KVIndex()
+    held = {}
+    for i in range(6):
+        index.add(i)
+    seqs = [0] * 6
+    for inst, page, gpu, cpu in holdings:
+        for medium, on in (("GPU", gpu), ("CPU", cpu)):
+            if on:
+                index.apply(inst, seqs[inst], stored([page], medium))
+                seqs[inst] += 1
+                held.setdefault((inst, page), set()).add(medium)
+    g, c = (index.media.index(m) if m in index.media else None for m in (GPU, CPU))
+    weights = [0.0] * len(index.media)
+    if g is not None:
+        weights[g] = 1.0
+    if c is not None:
+        weights[c] = 0.3
+    pages, worth = index.runs(request_pages, weights)
+    few = index_module._FEW_MASKS
+    try:  # the path for many distinct masks gives the same answer
+        index_module._FEW_MASKS = 0
+        assert index.runs(request_pages, weights) == (pages, worth)
+    finally:
+        index_module._FEW_MASKS = few
+    for inst in range(6):
+        n, w = 0, 0.0
+        for page in request_pages:
+            media = held.get((inst, page))
+            if not media:
+                break
+            n += 1
+            w += 1.0 if "GPU" in media else 0.3
+        assert pages.get(index.slot(inst), 0) == n
+        assert worth.get(index.slot(inst), 0.0) == pytest.approx(w)
+    assert index.overlap(request_pages) == {i: pages.get(index.slot(i), 0) for i in range(6)}
