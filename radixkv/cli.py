@@ -264,6 +264,13 @@ def policy_name(ctx, param, value):
     return value
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one), at most
+    :data:`~radixkv.workload.limits.MAX_JOBS`: the default of ``sweep --jobs``. O(1)."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(count, MAX_JOBS))
+
+
 def bar_total(trace, quiet: bool) -> Optional[int]:
     """Requests to expect when a progress bar will show (for its ETA), else ``None`` (no extra read)."""
     return None if quiet or not sys.stderr.isatty() else trace.size_hint()
@@ -624,9 +631,11 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.option("--policies", "policy_list", default="lru", show_default=True,
               help=f"Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady; of "
                    f"{', '.join(policies.available())}.")
-@click.option("--capacities", required=True, help=CAPACITIES_HELP)
-@click.option("--jobs", default=1, show_default=True, type=int, callback=bounded(MAX_JOBS),
-              help=f"Parallel worker processes, each replaying whole runs (at most {spell(MAX_JOBS)}).")
+@click.option("--capacities", default="auto", show_default=True,
+              help=CAPACITIES_HELP + " auto: 1%,2%,5%,10%,25%,50%,100% of the distinct pages.")
+@click.option("--jobs", default=None, type=int, callback=bounded(MAX_JOBS),
+              help=f"Parallel worker processes, each replaying whole runs (default: the CPUs this process may "
+                   f"use, {available_cpus()} here; at most {spell(MAX_JOBS)}).")
 @page_size_option
 @output_options
 @limit_option("Replay")
@@ -641,22 +650,30 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
               output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
-    from .analysis.sweep import SweepJob, parse_policies, run_sweep
+    from .analysis.sweep import AUTO_CAPACITIES, SweepJob, parse_policies, run_sweep, sweep_cost
 
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     names = named("--policies", parse_policies, policy_list)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)  # a missing file fails before any work
-    caps = cli_capacities(capacities, reader, page_size, model)
+    auto = capacities.strip() == "auto"
+    caps = cli_capacities(AUTO_CAPACITIES if auto else capacities, reader, page_size, model)
+    if len(set(caps)) < len(caps):  # auto on a small trace: shares that round to the same blocks
+        caps = sorted(set(caps)) if auto else caps
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
                           model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path)
                  for p in names for c in caps]
-    with progress(len(jobs_list), quiet, "sweep", unit="run") as bar:
-        rows = run_sweep(jobs_list, jobs, on_done=lambda row: bar.update())
+    # The bar counts LRU-replay equivalents, so a Belady run moves it as far as it takes time.
+    with progress(round(sweep_cost(jobs_list), 1), quiet, "sweep", unit="LRU run") as bar:
+        rows = run_sweep(jobs_list, jobs or available_cpus(), on_done=lambda row, cost: bar.update(cost))
     if trace == "-":
         rows = [{**row, "trace": "-"} for row in rows]
     if output:
         write_jsonl(rows, output_file("--output", output))
     show(rows if out_fmt == "json" else sweep_table_rows(rows, model), SWEEP_COLUMNS, out_fmt, columns)
+    from_curve = sum(row.get("source") == "curve" for row in rows)
+    if from_curve and out_fmt == "table":
+        click.echo(f"\nlru: {from_curve} capacities from one pass of the LRU curve (the numbers of a replay at "
+                   "each; `radixkv curve`)")
     if rows and rows[0]["skipped_lines"] and out_fmt != "json":
         click.echo(f"skipped {rows[0]['skipped_lines']} malformed lines", err=True)
 

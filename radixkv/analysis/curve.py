@@ -51,6 +51,7 @@ from ..workload.traces import MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, Moonc
 __all__ = ["AUTO_POINTS", "CurveResult", "LruStackDistances", "PageInterner", "log_grid", "lru_curve",
            "lru_curve_mooncake", "mooncake_page_ids"]
 
+_NO_RANKS = np.empty(0, dtype=np.int64)
 AUTO_POINTS = 50
 """Capacities of an automatic curve grid (:func:`log_grid`)."""
 
@@ -146,8 +147,10 @@ class LruStackDistances:
         self._tree = np.zeros(1025, dtype=np.int32)  # 1-based Fenwick over _live
         self._rank_counts = np.zeros(1024, dtype=np.int64)
 
-    def add(self, page_ids: np.ndarray, num_tokens: int) -> None:
-        """Record one request of ``num_tokens`` prompt tokens whose full pages are ``page_ids``.
+    def add(self, page_ids: np.ndarray, num_tokens: int) -> np.ndarray:
+        """Record one request of ``num_tokens`` prompt tokens whose full pages are ``page_ids``;
+        return the ranks of its leading pages referenced before (strictly increasing), so its hit
+        pages at capacity ``C`` are ``np.searchsorted(ranks, C)``.
 
         ``page_ids`` are the request's pages in order, distinct and >= 0; on a
         ValueError nothing is recorded. Cost: O(n log R) for n pages.
@@ -165,8 +168,9 @@ class LruStackDistances:
             raise ArgumentValueError(f"page_ids must be distinct, got {repeats} repeats")
         self.requests += 1
         self.prompt_tokens += int(num_tokens)
+        ranks = _NO_RANKS
         if n == 0:
-            return
+            return ranks
         self._grow_pages(int(ids.max()) + 1)
         old = self._seq_of[ids]
         seen = old >= 0
@@ -187,6 +191,7 @@ class LruStackDistances:
         self._fenwick_add(seqs, 1)
         self._seq_of[ids] = seqs
         self.num_live += n - lead
+        return ranks
 
     def result(self, capacities: Sequence[int]) -> CurveResult:
         """Hits at each of ``capacities`` (blocks), plus the histogram for any other. Cost: O(pages)."""

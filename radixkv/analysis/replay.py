@@ -145,16 +145,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     first_ts = last_ts = None
     keyed = _prepared(requests, stats) if miss_reasons else zip(requests, repeat(None))
     for request, keys in keyed:
-        ts = request.timestamp
-        if ts is not None:
-            if not math.isfinite(ts):  # NaN compares false both ways: it would switch the order check off
-                raise ArgumentValueError(f"requests[{stats.requests}].timestamp must be finite, got {ts!r}")
-            if last_ts is not None and ts < last_ts:
-                raise ArgumentValueError(f"requests[{stats.requests}].timestamp {ts!r} is before the previous "
-                                         f"{last_ts!r}: replay needs requests in arrival order")
-            if first_ts is None:
-                first_ts = ts
-            last_ts = ts
+        if request.timestamp is not None:
+            first_ts, last_ts = arrival(request.timestamp, stats.requests, first_ts, last_ts)
         other = other_pages(cache, request, keys) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
@@ -192,6 +184,17 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         first_timestamp=first_ts,
         last_timestamp=last_ts,
     )
+
+
+def arrival(ts: float, index: int, first: Optional[float], last: Optional[float]) -> Tuple[float, float]:
+    """``(first, last)`` timestamps once request ``index`` arrived at ``ts``; an ArgumentValueError
+    naming it when ``ts`` is NaN or infinite, or before ``last`` (replay needs arrival order). O(1)."""
+    if not math.isfinite(ts):  # NaN compares false both ways: it would switch the order check off
+        raise ArgumentValueError(f"requests[{index}].timestamp must be finite, got {ts!r}")
+    if last is not None and ts < last:
+        raise ArgumentValueError(f"requests[{index}].timestamp {ts!r} is before the previous {last!r}: replay "
+                                 "needs requests in arrival order")
+    return (ts if first is None else first), ts
 
 
 def _prepared(requests: Iterable, stats: ReplayStats) -> Iterator[Tuple[Request, Optional[List[int]]]]:

@@ -9,8 +9,9 @@ per-capacity LRU replays.
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -18,10 +19,10 @@ import numpy as np
 from .. import policies
 from ..cache import PrefixCache
 from ..capacity import parse_capacities, parse_capacity  # noqa: F401  (re-exported: sweep's capacities)
-from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL
+from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, get_hardware, get_model, prefill_flops
 from .curve import CurveResult, LruStackDistances, PageInterner, log_grid, mooncake_page_ids
 from ..errors import ArgumentValueError, RadixKVError
-from .replay import replay
+from .replay import ReplayResult, arrival, replay
 from ..workload.sources import open_trace
 from ..workload.traces import MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, Request
 
@@ -64,42 +65,188 @@ def run_job(job: SweepJob) -> dict:
     return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
 
 
-def _run_job_safely(job: SweepJob) -> Tuple[Optional[dict], Optional[str]]:
-    """:func:`run_job` in a worker: user errors come back as text (radixkv's errors do not all pickle)."""
+AUTO_CAPACITIES = "1%,2%,5%,10%,25%,50%,100%"
+"""``sweep --capacities auto``: shares of the trace's distinct pages (its working set, the capacity at
+which nothing is evicted, where ``curve``'s automatic grid ends), log-spaced like that grid but few,
+since each costs a replay per policy."""
+
+RELATIVE_COST = {"belady": 4.5, "arc": 2.0}
+"""Expected replay time of a policy relative to an LRU replay (others: 1), measured on the first 2,000
+conversation requests at page 16 (Belady 2.3-3.4 s against LRU's 0.3-0.5 s; ARC grows with capacity):
+the sweep's progress bar and its scheduling (longest first) weigh runs by it."""
+
+CURVE_COST = 2.2
+"""The one-pass LRU curve's time relative to one LRU replay (1.07 s against 0.50 s, best of 3, same
+trace): LRU rows come from the curve when a sweep has more LRU capacities than this."""
+
+
+class NamespacedTraceError(ArgumentValueError):
+    """A trace with namespaces where the one-pass curve (which has none) was asked for."""
+
+
+def lru_from_curve(jobs: Sequence[SweepJob]) -> bool:
+    """Whether the LRU jobs of a sweep (one trace's) are cheaper as one curve pass than as replays:
+    more of them than :data:`CURVE_COST`. O(1)."""
+    return len(jobs) > CURVE_COST
+
+
+def expected_cost(job: SweepJob) -> float:
+    """A job's expected replay time in LRU replays (:data:`RELATIVE_COST`). O(1)."""
+    return RELATIVE_COST.get(job.policy, 1.0)
+
+
+def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
+    """The rows :func:`run_job` gives for LRU ``jobs`` of one trace (equal but for ``wall_seconds``,
+    the one pass's), from one pass over it (:class:`~radixkv.analysis.curve.LruStackDistances`).
+
+    Each request's hits at capacity ``C`` are its leading pages of stack rank below ``C``; it caches
+    ``min(pages, C)`` of its pages (a request longer than the cache keeps its first ``C``), so a page
+    was ever cached at ``C`` when it was referenced before at a depth below ``C``, which gives the
+    miss reasons; the evictions are the pages admitted less those cached at the end. A row says
+    ``"source": "curve"``. Cost: the curve's pass plus O(log pages) numpy and one
+    ``prefill_flops`` per request and capacity.
+
+    Raises:
+        NamespacedTraceError: a request has a namespace (the curve has none; :func:`run_sweep`
+            replays such a trace instead).
+        ArgumentValueError: the jobs differ in anything but ``num_blocks``; a timestamp out of order.
+    """
+    job = jobs[0]
+    if any(replace(j, num_blocks=job.num_blocks) != job or j.policy != "lru" for j in jobs):
+        raise ArgumentValueError("lru_rows takes LRU jobs of one trace that differ only in num_blocks")
+    start = time.perf_counter()
+    ps = job.page_size
+    caps = np.array([j.num_blocks for j in jobs], dtype=np.int64)
+    k = len(caps)
+    costs = CostModel(get_model(job.model), get_hardware(job.hardware), ps)
+    model = costs.model
+    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
+    stack = LruStackDistances(ps)
+    hit_pages, hit_requests, admitted, first_sight, evicted_miss = (np.zeros(k, dtype=np.int64) for _ in range(5))
+    flops, ttft = [0] * k, [0.0] * k
+    partial = 0
+    first_ts = last_ts = None
+    for i, (request, ids) in enumerate(_page_ids(trace, ps, trace.format == "mooncake")):
+        if request.namespace is not None:
+            raise NamespacedTraceError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
+                                       "does not model namespaces")
+        if request.timestamp is not None:
+            first_ts, last_ts = arrival(request.timestamp, i, first_ts, last_ts)
+        num_tokens, n = len(request.tokens), len(ids)
+        ranks = stack.add(ids, num_tokens)
+        hits = np.searchsorted(ranks, caps)
+        cached = np.minimum(n, caps)
+        covered = np.minimum(len(ranks), caps)  # leading pages ever cached: referenced before, shallower than C
+        hit_pages += hits
+        hit_requests += hits > 0
+        admitted += cached - hits
+        first_sight += n - covered
+        evicted_miss += covered - hits
+        partial += num_tokens - n * ps
+        saved: dict = {}
+        for j, h in enumerate(hits.tolist()):
+            if h:
+                if h not in saved:
+                    saved[h] = (prefill_flops(model, 0, h * ps), costs.ttft_saving_seconds(h * ps, num_tokens))
+                flops[j] += saved[h][0]
+                ttft[j] += saved[h][1]
+    live = stack.num_live
+    rows = []
+    for j, cap in enumerate(caps.tolist()):
+        hit = int(hit_pages[j]) * ps
+        prompt = stack.prompt_tokens
+        misses = {"first_sight": int(first_sight[j]) * ps, "evicted": int(evicted_miss[j]) * ps,
+                  "partial_page": partial, "declined": 0, "other_namespace": 0} if job.miss_reasons else {}
+        result = ReplayResult(
+            policy="lru", page_size=ps, num_blocks=cap, requests=stack.requests, prompt_tokens=prompt,
+            hit_tokens=hit, token_hit_rate=hit / prompt if prompt else 0.0,
+            request_hit_rate=int(hit_requests[j]) / stack.requests if stack.requests else 0.0,
+            evicted_blocks=int(admitted[j]) - min(cap, live), declined_blocks=0,
+            wall_seconds=time.perf_counter() - start, admitted_blocks=int(admitted[j]),
+            miss_tokens_by_reason=misses, model=model.name, hardware=costs.hardware.name,
+            prefill_flops_saved=flops[j], ttft_saving_seconds=ttft[j], first_timestamp=first_ts,
+            last_timestamp=last_ts)
+        rows.append({"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped, "source": "curve"})
+    return rows
+
+
+def _run_task_safely(task: Tuple[SweepJob, ...]) -> Tuple[Optional[List[dict]], Optional[str]]:
+    """A task in a worker: one replay, or the LRU jobs of one trace from its curve (several jobs); user
+    errors come back as text (radixkv's errors do not all pickle)."""
     try:
-        return run_job(job), None
+        if len(task) == 1:
+            return [run_job(task[0])], None
+        try:
+            return lru_rows(task), None
+        except NamespacedTraceError:  # the curve has no namespaces: replay each capacity
+            return [run_job(job) for job in task], None
     except (RadixKVError, ValueError, TypeError, OSError) as exc:
         return None, str(exc)
 
 
+def plan_tasks(jobs: Sequence[SweepJob], curve: bool = True) -> List[Tuple[int, ...]]:
+    """Indexes of ``jobs`` grouped into tasks, most expensive first (so the last to start are the
+    short ones): with ``curve``, the LRU jobs of each trace that :func:`lru_from_curve` makes cheaper
+    as a pass become one task, every other job a task of its own. O(jobs)."""
+    groups: dict = {}
+    for i, job in enumerate(jobs):
+        if curve and job.policy == "lru":
+            groups.setdefault(replace(job, num_blocks=0), []).append(i)
+    tasks: List[Tuple[int, ...]] = []
+    in_curve = set()
+    for members in groups.values():
+        if lru_from_curve([jobs[i] for i in members]):
+            tasks.append(tuple(members))
+            in_curve.update(members)
+    tasks += [(i,) for i in range(len(jobs)) if i not in in_curve]
+    return sorted(tasks, key=lambda t: -(CURVE_COST if len(t) > 1 else expected_cost(jobs[t[0]])))
+
+
 def run_sweep(jobs: Sequence[SweepJob], processes: int = 1,
-              on_done: Optional[Callable[[dict], None]] = None) -> List[dict]:
+              on_done: Optional[Callable[[dict, float], None]] = None, curve: bool = True) -> List[dict]:
     """Run every job, in ``processes`` worker processes when > 1; rows in the order of ``jobs``.
 
     The numbers do not depend on ``processes``: each job is a whole replay of
-    its own. ``on_done(row)`` is called as each job finishes (progress).
-    Raises ValueError with the first failing job's message.
+    its own, and with ``curve`` the LRU jobs of a trace with more capacities than
+    :data:`CURVE_COST` come from one pass of the LRU curve instead (:func:`lru_rows`:
+    the same numbers, ``"source": "curve"``). Tasks start most expensive first.
+    ``on_done(row, cost)`` is called as each row is ready, ``cost`` its share of the
+    expected time (:func:`expected_cost`; the rows of a curve share :data:`CURVE_COST`),
+    which add up to :func:`sweep_cost` (a progress bar's total).
+
+    Raises:
+        ArgumentValueError: ``processes`` is not an int >= 1, or a job failed (its message).
     """
     if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
         raise ArgumentValueError(f"processes must be an int >= 1, got {processes!r}")
     rows: List[Optional[dict]] = [None] * len(jobs)
-    if processes == 1 or len(jobs) <= 1:
-        outcomes: Iterable = map(_run_job_safely, jobs)
-        pool = None
+    tasks = plan_tasks(jobs, curve)
+    work = [tuple(jobs[i] for i in task) for task in tasks]
+    pool = None
+    if processes == 1 or len(tasks) <= 1:
+        outcomes: Iterable = zip(tasks, map(_run_task_safely, work))
     else:
-        pool = ProcessPoolExecutor(max_workers=min(processes, len(jobs)))
-        outcomes = pool.map(_run_job_safely, jobs)
+        pool = ProcessPoolExecutor(max_workers=min(processes, len(tasks)))
+        futures = {pool.submit(_run_task_safely, w): task for task, w in zip(tasks, work)}
+        outcomes = ((futures[f], f.result()) for f in as_completed(futures))
     try:
-        for i, (row, error) in enumerate(outcomes):
+        for task, (out, error) in outcomes:
             if error is not None:
                 raise ArgumentValueError(error)
-            rows[i] = row
-            if on_done is not None:
-                on_done(row)
+            cost = CURVE_COST / len(task) if len(task) > 1 else expected_cost(jobs[task[0]])
+            for i, row in zip(task, out):
+                rows[i] = row
+                if on_done is not None:
+                    on_done(row, cost)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return rows  # type: ignore[return-value]
+
+
+def sweep_cost(jobs: Sequence[SweepJob], curve: bool = True) -> float:
+    """The expected time of :func:`run_sweep` on ``jobs`` in LRU replays (one process). O(jobs)."""
+    return sum(CURVE_COST if len(t) > 1 else expected_cost(jobs[t[0]]) for t in plan_tasks(jobs, curve))
 
 
 def trace_curve(requests: Iterable[Request], page_size: int, capacities: Optional[Sequence[int]], *,

@@ -47,13 +47,15 @@ def test_sweep_writes_one_line_per_pair_and_a_table(small_trace, tmp_path):
     assert [(r["policy"], r["num_blocks"]) for r in rows] == [
         ("lru", 1000), ("lru", 5000), ("lru", 20000), ("s3fifo", 1000), ("s3fifo", 5000), ("s3fifo", 20000)]
     requests = list(TraceReader(str(small_trace)))
-    for row in rows:
+    for row in rows:  # the LRU rows come from one pass of the curve, with a replay's numbers
         expected = replay(requests, PrefixCache(row["num_blocks"], 16, policy=row["policy"]))
+        assert row.pop("source", None) == ("curve" if row["policy"] == "lru" else None)
         assert numbers(row) == {"trace": str(small_trace), **numbers(expected.as_dict()), "skipped_lines": 0}
         assert row["hit_tokens"] + sum(row["miss_tokens_by_reason"].values()) == row["prompt_tokens"]
     lines = text.strip().splitlines()
-    assert lines[0].startswith("| policy") and "token_hit_rate" in lines[0] and len(lines) == 2 + 6
-    assert "| s3fifo |" in lines[-1].replace("  ", " ").replace("  ", " ")
+    assert lines[0].startswith("| policy") and "token_hit_rate" in lines[0] and len(lines) == 2 + 6 + 2
+    assert "| s3fifo |" in lines[-3].replace("  ", " ").replace("  ", " ")
+    assert lines[-1].startswith("lru: 3 capacities from one pass of the LRU curve")
 
 
 def test_sweep_jobs_2_gives_the_numbers_of_jobs_1(small_trace):
