@@ -17,7 +17,8 @@ suite too):
   end of each scheduler step) sends the queued keys, one batched existence
   check per request (the store answers a request's leading run), on the pool.
 * **store and load.** :meth:`submit_store` / :meth:`submit_load` hand a job to
-  a small thread pool and return (about 10-20 us). The pool reads or writes
+  a small pool of threads through a lock-free queue and return (a few
+  microseconds of work: the job's keys and chunk ids are checked and listed). The pool reads or writes
   the primary rows and the store; finished jobs wait in a queue for
   :meth:`finished_jobs`.
 * **faults.** A load serves only values the store verified (fingerprint, key,
@@ -37,10 +38,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
+import logging
+import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,6 +52,8 @@ from ...errors import ArgumentTypeError, ArgumentValueError
 from ...events.hashing import cbor_dumps
 from ...keys import check_int
 from ...store import PageStore
+
+_log = logging.getLogger(__name__)
 
 HIT = "hit"
 MISS = "miss"
@@ -100,7 +105,7 @@ class StoreTierCore:
         clock: monotonic seconds (tests pass a fake one).
     """
 
-    def __init__(self, store: PageStore, namespace: str, primary: np.ndarray, *, io_threads: int = 4,
+    def __init__(self, store: PageStore, namespace: str, primary: np.ndarray, *, io_threads: int = 2,
                  answer_ttl: float = 1.0, max_answers: int = 1 << 20,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(store, PageStore):
@@ -128,10 +133,18 @@ class StoreTierCore:
         self._asked: Dict[bytes, None] = {}
         self._queued: Dict[str, List[bytes]] = {}
         self._finished: Deque[FinishedJob] = deque()
-        self._in_flight = 0
+        self._tickets = itertools.count(1)
+        self._submitted = 0  # jobs handed to the pool (set by the scheduler thread only)
+        self._completed = 0  # jobs the pool finished (under the lock)
         self._counts: Dict[str, int] = dict.fromkeys(STAT_NAMES, 0)
-        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="radixkv-tier")
+        # A lock-free hand-off: SimpleQueue.put never blocks and takes no lock the workers hold for long, so a
+        # submit never waits for a pool thread (a ThreadPoolExecutor's submit takes locks its workers share).
+        self._jobs: "queue.SimpleQueue[Optional[Tuple[Callable[..., None], Tuple[Any, ...]]]]" = queue.SimpleQueue()
         self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"radixkv-tier-{i}", daemon=True)
+                         for i in range(io_threads)]
+        for thread in self._threads:
+            thread.start()
 
     # ------------------------------------------------------------------ keys
     def store_key(self, offload_key: bytes) -> bytes:
@@ -204,14 +217,14 @@ class StoreTierCore:
                 self._answers.pop(key, None)
 
     # ------------------------------------------------------------------ jobs
-    def _check_job(self, keys: Sequence[bytes], chunk_ids: Any) -> Tuple[List[bytes], np.ndarray]:
+    def _check_job(self, keys: Sequence[bytes], chunk_ids: Any) -> Tuple[List[bytes], List[int]]:
         keys = list(keys)
-        rows = np.asarray(chunk_ids, dtype=np.int64).reshape(-1)
+        rows = chunk_ids.tolist() if isinstance(chunk_ids, np.ndarray) else [int(r) for r in chunk_ids]
         if len(keys) != len(rows):
             raise ArgumentValueError(f"a job needs one chunk id per key: {len(keys)} keys, {len(rows)} chunk ids")
-        if len(rows) and (rows.min() < 0 or rows.max() >= len(self.primary)):
+        if rows and (min(rows) < 0 or max(rows) >= len(self.primary)):
             raise ArgumentValueError(f"chunk ids must be rows of the primary tier (0..{len(self.primary) - 1}), "
-                                     f"got {rows.min()}..{rows.max()}")
+                                     f"got {min(rows)}..{max(rows)}")
         return keys, rows
 
     def submit_store(self, job_id: int, keys: Sequence[bytes], chunk_ids: Any) -> None:
@@ -229,29 +242,28 @@ class StoreTierCore:
         self._spawn(self._load, job_id, keys, rows)
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._lock:
-            if self._closed:
-                raise ArgumentValueError("the tier is shut down")
-            self._in_flight += 1
-        try:
-            self._pool.submit(self._run, fn, *args)
-        except BaseException:
-            self._done()
-            raise
+        """Hand ``fn(*args)`` to the pool. Called on the scheduler thread only; takes no lock."""
+        if self._closed:
+            raise ArgumentValueError("the tier is shut down")
+        self._submitted = next(self._tickets)
+        self._jobs.put((fn, args))
 
-    def _run(self, fn: Callable[..., None], *args: Any) -> None:
-        try:
-            fn(*args)
-        finally:
-            self._done()
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            fn, args = item
+            try:
+                fn(*args)
+            except Exception:  # the job has reported itself failed (its finally); keep the thread serving
+                _log.exception("radixkv tier job %s failed", getattr(fn, "__name__", fn))
+            finally:
+                with self._lock:
+                    self._completed += 1
+                    self._idle.notify_all()
 
-    def _done(self) -> None:
-        with self._lock:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._idle.notify_all()
-
-    def _store(self, job_id: int, keys: List[bytes], rows: np.ndarray) -> None:
+    def _store(self, job_id: int, keys: List[bytes], rows: List[int]) -> None:
         start = time.perf_counter()
         ok = False
         try:
@@ -274,7 +286,7 @@ class StoreTierCore:
                     self._counts["store_failed_pages"] += len(keys)
                 self._finished.append(result)
 
-    def _load(self, job_id: int, keys: List[bytes], rows: np.ndarray) -> None:
+    def _load(self, job_id: int, keys: List[bytes], rows: List[int]) -> None:
         start = time.perf_counter()
         n = 0
         try:
@@ -313,12 +325,13 @@ class StoreTierCore:
     def busy(self) -> bool:
         """Lookups queued or jobs in flight."""
         with self._lock:
-            return bool(self._in_flight or self._queued)
+            return bool(self._completed < self._submitted or self._queued)
 
     def drain(self, timeout: Optional[float] = None) -> bool:
         """Wait until no job is in flight (their results stay queued for :meth:`finished_jobs`); False on timeout."""
         with self._lock:
-            return self._idle.wait_for(lambda: not self._in_flight, timeout)
+            submitted = self._submitted
+            return self._idle.wait_for(lambda: self._completed >= submitted, timeout)
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> Dict[str, Any]:
@@ -342,7 +355,10 @@ class StoreTierCore:
             if self._closed:
                 return
             self._closed = True
-        self._pool.shutdown(wait=True)
+        for _ in self._threads:
+            self._jobs.put(None)  # after every job already queued
+        for thread in self._threads:
+            thread.join()
         self.store.close()
         # Release the rows: they export the primary tier's buffer, which vLLM unmaps after its tiers shut down.
         self.primary = np.empty((0, self.row_bytes), dtype=np.uint8)

@@ -110,7 +110,8 @@ class RadixKVTier(SecondaryTierManager):
         namespace: the model's identity (``"llama-3-8b"``); engines share pages only
             under equal namespaces and equal row layouts. vLLM's ``cache_salt`` is
             already inside its block hashes.
-        io_threads: pool threads doing round trips and row copies (default 4).
+        io_threads: pool threads doing round trips and row copies (default 2: each one competes with the
+            scheduler thread for the GIL while it runs Python).
         answer_ttl: seconds a lookup's answer is reused, and a failed page counted a miss (default 1).
         timeout: seconds one store operation may block a pool thread (default 0.25).
         locality: ``"LOCAL"`` or ``"REMOTE"`` (default: LOCAL for ``memory://``, else REMOTE).
@@ -124,7 +125,7 @@ class RadixKVTier(SecondaryTierManager):
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec: "OffloadingSpec", primary_kv_view: memoryview, tier_type: str,
-                 store: Optional[str] = None, namespace: Optional[str] = None, io_threads: int = 4,
+                 store: Optional[str] = None, namespace: Optional[str] = None, io_threads: int = 2,
                  answer_ttl: float = 1.0, timeout: float = 0.25, locality: Optional[str] = None,
                  enable_kv_events: bool = True,
                  backpressure_detector: Optional["BackpressureDetector"] = None) -> None:
