@@ -257,6 +257,41 @@ POLICY_HELP = f"Eviction policy: {', '.join(policies.available())}."
 """``--policy``'s help: every registered name (an alias is accepted too)."""
 
 
+def warmup_option(fn: Callable) -> Callable:
+    """``--warmup N|P%``: requests that fill the cache before anything is counted."""
+    return click.option("--warmup", default="0", show_default=True, metavar="N|P%",
+                        help=f"Requests that fill the cache before anything is counted: a count (500) or a share "
+                             f"of the trace (10%); at most {spell(MAX_REQUESTS)}.")(fn)
+
+
+def cli_warmup(text: str, reader) -> int:
+    """``--warmup`` as a count of requests; a share counts the trace's requests (one fast read of a
+    JSONL file, a pass over a ShareGPT one). Errors name the flag. O(1), or that read."""
+    text = str(text).strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            share = -1.0
+        if not 0 <= share < 100:
+            raise ArgumentValueError(f"--warmup: a share must be in [0%, 100%), got {text!r}")
+        total = reader.size_hint() if reader.format != "sharegpt" else None
+        if total is None:
+            total = sum(1 for _ in reader)
+        return int(total * share / 100)
+    try:
+        count = int(text)
+    except ValueError:
+        raise ArgumentValueError(f"--warmup must be a count of requests or a share (10%), got {text!r}") from None
+    return check_at_most(check_int(count, "--warmup", minimum=0), "--warmup", MAX_REQUESTS)
+
+
+def counted(requests: int, warmup: int) -> None:
+    """Refuse a run whose warm-up left nothing to count, naming ``--warmup``. O(1)."""
+    if warmup and not requests:
+        raise ArgumentValueError(f"--warmup {warmup:,} leaves no request to count: the trace has no more")
+
+
 def policy_name(ctx, param, value):
     names = policies.available(include_aliases=True)
     if value not in names:
@@ -337,6 +372,7 @@ def main() -> None:
 @capacity_options("HBM cache capacity")
 @output_options
 @limit_option("Replay")
+@warmup_option
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
@@ -371,7 +407,7 @@ def main() -> None:
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
                load_back, store_url, store_blocks, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
-               miss_reasons) -> None:
+               miss_reasons, warmup) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
 
@@ -387,6 +423,7 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     remote_blocks = tier_blocks("--remote-blocks", remote_blocks, page_size, model)
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    warmup = cli_warmup(warmup, reader)
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     store = store_for(store_url, store_blocks, page_size)
     cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
@@ -404,12 +441,13 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
                     publish_from(cache, publisher)
 
             result = replay(reader, cache, on_request=on_request, on_record=on_record,
-                            miss_reasons=miss_reasons, model=model, hardware=hardware)
+                            miss_reasons=miss_reasons, model=model, hardware=hardware, warmup=warmup)
     finally:
         if publisher is not None:
             publisher.close()
         if hasattr(cache, "close"):
             cache.close()
+    counted(result.requests, warmup)
     out = result.as_dict()
     out["skipped_lines"] = reader.skipped
     tiered = hasattr(cache, "tier_stats")
@@ -429,7 +467,8 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
         show(sweep_table_rows([out], model), REPLAY_COLUMNS, out_fmt, columns)
     else:
         show(sweep_table_rows([out], model), REPLAY_COLUMNS, out_fmt, None)
-        click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
+        warm = f" (after a warm-up of {result.warmup_requests:,})" if result.warmup_requests else ""
+        click.echo(f"\n{result.requests:,} requests{warm}, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity: {capacity_line(num_blocks, page_size, model)}")
         if tiered:
             click.echo()
@@ -633,6 +672,7 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
                    f"{', '.join(policies.available())}.")
 @click.option("--capacities", default="auto", show_default=True,
               help=CAPACITIES_HELP + " auto: 1%,2%,5%,10%,25%,50%,100% of the distinct pages.")
+@warmup_option
 @click.option("--jobs", default=None, type=int, callback=bounded(MAX_JOBS),
               help=f"Parallel worker processes, each replaying whole runs (default: the CPUs this process may "
                    f"use, {available_cpus()} here; at most {spell(MAX_JOBS)}).")
@@ -646,8 +686,8 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @tokenizer_option
 @cost_options
 @user_errors
-def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad,
-              output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
+def sweep_cmd(trace, policy_list, capacities, warmup, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
+              skip_bad, output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
     from .analysis.sweep import AUTO_CAPACITIES, SweepJob, parse_policies, run_sweep, sweep_cost
@@ -657,14 +697,17 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)  # a missing file fails before any work
     auto = capacities.strip() == "auto"
     caps = cli_capacities(AUTO_CAPACITIES if auto else capacities, reader, page_size, model)
+    warmup = cli_warmup(warmup, reader)
     if len(set(caps)) < len(caps):  # auto on a small trace: shares that round to the same blocks
         caps = sorted(set(caps)) if auto else caps
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
-                          model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path)
+                          model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path,
+                          warmup=warmup)
                  for p in names for c in caps]
     # The bar counts LRU-replay equivalents, so a Belady run moves it as far as it takes time.
     with progress(round(sweep_cost(jobs_list), 1), quiet, "sweep", unit="LRU run") as bar:
         rows = run_sweep(jobs_list, jobs or available_cpus(), on_done=lambda row, cost: bar.update(cost))
+    counted(rows[0]["requests"] if rows else 0, warmup)
     if trace == "-":
         rows = [{**row, "trace": "-"} for row in rows]
     if output:
@@ -686,14 +729,15 @@ def sweep_cmd(trace, policy_list, capacities, jobs, page_size, fmt, trace_fmt, a
                                      "distinct pages.")
 @output_options
 @limit_option("Use")
+@warmup_option
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, type=click.Choice(sorted(MODELS)),
               help="Model whose KV bytes size the GiB column.")
 @tokenizer_option
 @user_errors
-def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, model,
-              tokenizer_path) -> None:
+def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, warmup, skip_bad, quiet,
+              model, tokenizer_path) -> None:
     """LRU hit tokens at every capacity from ONE pass over TRACE (stack distances under the radix
     protection rule), equal to a per-capacity `radixkv replay --policy lru` at each. Without
     --capacities, a dense log-spaced grid up to the trace's distinct pages (for `radixkv plot`).
@@ -706,9 +750,11 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
     get_model(model)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     caps = None if capacities.strip() == "auto" else cli_capacities(capacities, reader, page_size, model)
+    warm = cli_warmup(warmup, reader)
     with progress(bar_total(reader, quiet), quiet, "curve") as bar:
         curve = trace_curve(reader, page_size, caps, mooncake=reader.format == "mooncake",
-                            on_request=lambda r: bar.update())
+                            on_request=lambda r: bar.update(), warmup=warm)
+    counted(curve.requests, warm)
     rows = [{"num_blocks": c, "page_size": page_size, "hit_tokens": h, "token_hit_rate": r} for c, h, r in
             zip(curve.capacities, curve.hit_tokens, curve.token_hit_rates)]
     if out_fmt != "json":
@@ -722,6 +768,7 @@ def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, li
         click.echo(to_json({"capacities": curve.capacities, "hit_tokens": curve.hit_tokens,
                                "prompt_tokens": curve.prompt_tokens, "requests": curve.requests,
                                "page_size": page_size, "token_hit_rates": curve.token_hit_rates,
+                               "warmup_requests": warm,
                                "trace": trace, "skipped_lines": reader.skipped, "model": model,
                                "no_eviction_hit_rate": curve.max_hit_tokens / max(curve.prompt_tokens, 1)}))
 

@@ -193,6 +193,12 @@ class LruStackDistances:
         self.num_live += n - lead
         return ranks
 
+    def reset_counts(self) -> None:
+        """Forget the hits and prompt tokens counted so far, keeping the stack (the end of a warm-up:
+        the pages referenced stay cached at every capacity). O(pages referenced)."""
+        self.requests = self.prompt_tokens = 0
+        self._rank_counts[:] = 0
+
     def result(self, capacities: Sequence[int]) -> CurveResult:
         """Hits at each of ``capacities`` (blocks), plus the histogram for any other. Cost: O(pages)."""
         caps = [check_int(c, f"capacities[{i}]", minimum=0) for i, c in enumerate(capacities)]

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Un
 from ..cache import PrefixCache
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from ..errors import ArgumentValueError
+from ..keys import check_int
 from .stats import ReplayStats, RequestRecord
 from ..workload.traces import Request
 
@@ -58,6 +59,8 @@ class ReplayResult:
             (:meth:`radixkv.costs.CostModel.ttft_saving_seconds`).
         first_timestamp, last_timestamp: arrival times of the first and last
             requests with one (``None`` when the trace has none).
+        warmup_requests: requests replayed before counting began (``replay(warmup=...)``);
+            none of the figures above include them.
     """
 
     policy: str
@@ -79,6 +82,7 @@ class ReplayResult:
     ttft_saving_seconds: float = 0.0
     first_timestamp: Optional[float] = None
     last_timestamp: Optional[float] = None
+    warmup_requests: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -93,6 +97,7 @@ def replay(
     miss_reasons: bool = True,
     model: Union[str, ModelSpec] = DEFAULT_MODEL,
     hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE,
+    warmup: int = 0,
 ) -> ReplayResult:
     """Replay ``requests`` in order through ``cache``; return the totals.
 
@@ -105,6 +110,11 @@ def replay(
     price the hits in prefill FLOPs and seconds; a tiered cache's hits loaded
     from a lower tier are priced with the transfer time over that tier's path
     in its ``cost_model`` (for ``model`` on ``hardware``).
+
+    ``warmup``: the first ``warmup`` requests fill the cache (and the miss-reason
+    history) but are not counted: no total, record or timestamp includes them, so the
+    result describes a warm cache (``ReplayResult.warmup_requests`` says how many).
+    ``on_request`` is still called for them.
 
     Requests must come in arrival order: a timestamp before the previous one
     raises ValueError naming the request, before that request is admitted, and
@@ -130,13 +140,14 @@ def replay(
     stats = ReplayStats(cache.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
                         tier_costs=tier_costs, by_tenant=cache.sharing.name != "shared")
     try:
-        return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start, tier_costs)
+        return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start, tier_costs,
+                       check_int(warmup, "warmup", minimum=0))
     finally:
         stats.detach(cache)
 
 
 def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_record, miss_reasons: bool,
-            start: float, tier_costs) -> ReplayResult:
+            start: float, tier_costs, warmup: int) -> ReplayResult:
     lower_tiers = tuple(tier_costs.tier_paths) if tier_costs is not None else ()
     admit, add, want_record = cache.admit, stats.add, on_record is not None
     want_hints = cache.policy.on_request is not None  # building them costs an object per request
@@ -144,7 +155,11 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     loaded = None
     first_ts = last_ts = None
     keyed = _prepared(requests, stats) if miss_reasons else zip(requests, repeat(None))
-    for request, keys in keyed:
+    index = -1
+    for index, (request, keys) in enumerate(keyed):
+        if index == warmup and warmup:  # the cache is warm: count from here
+            stats.reset_counts()
+            first_ts = None
         if request.timestamp is not None:
             first_ts, last_ts = arrival(request.timestamp, stats.requests, first_ts, last_ts)
         other = other_pages(cache, request, keys) if miss_reasons else 0
@@ -161,8 +176,11 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
                      cache.evicted_blocks - evicted0, other, loaded_pages=loaded, want_record=want_record, keys=keys)
         if on_request is not None:
             on_request(request, hit)
-        if record is not None:
+        if record is not None and index >= warmup:
             on_record(record)
+    if index < warmup:  # the trace ended within the warm-up: nothing is counted
+        stats.reset_counts()
+        first_ts = None
     return ReplayResult(
         policy=cache.policy.name,
         page_size=cache.page_size,
@@ -182,7 +200,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         prefill_flops_saved=stats.prefill_flops_saved,
         ttft_saving_seconds=stats.ttft_saving_seconds,
         first_timestamp=first_ts,
-        last_timestamp=last_ts,
+        last_timestamp=last_ts if first_ts is not None else None,
+        warmup_requests=min(warmup, index + 1),
     )
 
 

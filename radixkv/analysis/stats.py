@@ -376,6 +376,15 @@ class ReplayStats:
         self._previous_index = None
         self._last: Optional[Tuple[Request, List[int]]] = None  # the last request keyed, and its keys
 
+    def reset_counts(self) -> None:
+        """Zero every total (the end of a warm-up), keeping what the miss reasons remember of the
+        pages seen so far: a page first seen during the warm-up is no first sight after it. O(1)."""
+        self.requests = self.prompt_tokens = self.hit_tokens = self.hit_requests = 0
+        self.admitted_blocks = self.declined_blocks = self.evicted_blocks = self.prefill_flops_saved = 0
+        self.ttft_saving_seconds = 0.0
+        for reason in self.miss_tokens_by_reason:
+            self.miss_tokens_by_reason[reason] = 0
+
     def prepare(self, requests: Sequence[Request]) -> List[Optional[List[int]]]:
         """Key the full pages of ``requests`` in one batch (:meth:`PrefixKeys.many`); return each one's
         namespace-free keys (a list of ints), to hand to :meth:`other_pages` and :meth:`add` as ``keys``.

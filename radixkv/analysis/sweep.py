@@ -55,13 +55,16 @@ class SweepJob:
     miss_reasons: bool = True
     tokenizer: Optional[str] = None
     """Path of a ``tokenizer.json`` for a ShareGPT trace (default: the built-in tokenizer)."""
+    warmup: int = 0
+    """Requests replayed before counting begins (:func:`radixkv.analysis.replay.replay`)."""
 
 
 def run_job(job: SweepJob) -> dict:
     """Replay one job; the :class:`~radixkv.analysis.replay.ReplayResult` as a dict plus ``trace`` and ``skipped_lines``."""
     trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
     cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=job.policy)
-    result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware)
+    result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware,
+                    warmup=job.warmup)
     return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
 
 
@@ -126,7 +129,12 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
     flops, ttft = [0] * k, [0.0] * k
     partial = 0
     first_ts = last_ts = None
+    live_at_warmup = 0
+    i = -1
     for i, (request, ids) in enumerate(_page_ids(trace, ps, trace.format == "mooncake")):
+        if i == job.warmup and i:  # count from here; the stack keeps what the warm-up cached
+            stack.reset_counts()
+            first_ts, live_at_warmup = None, stack.num_live
         if request.namespace is not None:
             raise NamespacedTraceError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
                                        "does not model namespaces")
@@ -134,6 +142,8 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
             first_ts, last_ts = arrival(request.timestamp, i, first_ts, last_ts)
         num_tokens, n = len(request.tokens), len(ids)
         ranks = stack.add(ids, num_tokens)
+        if i < job.warmup:
+            continue
         hits = np.searchsorted(ranks, caps)
         cached = np.minimum(n, caps)
         covered = np.minimum(len(ranks), caps)  # leading pages ever cached: referenced before, shallower than C
@@ -150,7 +160,12 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
                     saved[h] = (prefill_flops(model, 0, h * ps), costs.ttft_saving_seconds(h * ps, num_tokens))
                 flops[j] += saved[h][0]
                 ttft[j] += saved[h][1]
+    if i < job.warmup:  # the trace ended within the warm-up
+        stack.reset_counts()
+        first_ts = None
+        live_at_warmup = stack.num_live
     live = stack.num_live
+    warm = min(job.warmup, i + 1) if job.warmup else 0
     rows = []
     for j, cap in enumerate(caps.tolist()):
         hit = int(hit_pages[j]) * ps
@@ -161,11 +176,11 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
             policy="lru", page_size=ps, num_blocks=cap, requests=stack.requests, prompt_tokens=prompt,
             hit_tokens=hit, token_hit_rate=hit / prompt if prompt else 0.0,
             request_hit_rate=int(hit_requests[j]) / stack.requests if stack.requests else 0.0,
-            evicted_blocks=int(admitted[j]) - min(cap, live), declined_blocks=0,
+            evicted_blocks=int(admitted[j]) - (min(cap, live) - min(cap, live_at_warmup)), declined_blocks=0,
             wall_seconds=time.perf_counter() - start, admitted_blocks=int(admitted[j]),
             miss_tokens_by_reason=misses, model=model.name, hardware=costs.hardware.name,
             prefill_flops_saved=flops[j], ttft_saving_seconds=ttft[j], first_timestamp=first_ts,
-            last_timestamp=last_ts)
+            last_timestamp=last_ts if first_ts is not None else None, warmup_requests=warm)
         rows.append({"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped, "source": "curve"})
     return rows
 
@@ -250,7 +265,8 @@ def sweep_cost(jobs: Sequence[SweepJob], curve: bool = True) -> float:
 
 
 def trace_curve(requests: Iterable[Request], page_size: int, capacities: Optional[Sequence[int]], *,
-                mooncake: bool = False, on_request: Optional[Callable[[Request], None]] = None) -> CurveResult:
+                mooncake: bool = False, on_request: Optional[Callable[[Request], None]] = None,
+                warmup: int = 0) -> CurveResult:
     """LRU hit tokens at every capacity from one pass over ``requests`` (:mod:`radixkv.analysis.curve`).
 
     Equal, capacity by capacity, to ``replay`` through ``PrefixCache(c, page_size, "lru")``.
@@ -258,16 +274,22 @@ def trace_curve(requests: Iterable[Request], page_size: int, capacities: Optiona
     from 1 block to the trace's distinct pages (known only after the pass; free then).
     Pages are identified as :func:`_page_ids` says (``mooncake=True``: by Mooncake block
     ids, one dict lookup per 512 tokens). The curve does not model namespaces: a
-    request with one raises ValueError.
+    request with one raises ValueError. ``warmup``: the first ``warmup`` requests fill the cache but
+    count no hit or prompt token (as ``replay(warmup=...)``).
     """
     stack = LruStackDistances(page_size)
+    i = -1
     for i, (request, ids) in enumerate(_page_ids(requests, page_size, mooncake)):
+        if i == warmup and i:
+            stack.reset_counts()
         if request.namespace is not None:
             raise ArgumentValueError(f"requests[{i}] has namespace {request.namespace!r}; the one-pass curve "
                                      "does not model namespaces (use radixkv sweep)")
         stack.add(ids, len(request.tokens))
         if on_request is not None:
             on_request(request)
+    if i < warmup:  # the trace ended within the warm-up
+        stack.reset_counts()
     return stack.result(log_grid(stack.num_live) if capacities is None else capacities)
 
 
