@@ -118,6 +118,7 @@ def test_get_num_new_matched_tokens_through_schedule(store_url, engines):
     two.run(settle=wait_io)
     matched = max(a for a in answers if a is not None)
     assert matched >= (prefix_pages - 1) * BLOCK_SIZE
+    assert matched == prefix_pages * BLOCK_SIZE  # every prefix page: the 5 tokens after it are computed
     assert two.computed_tokens == len(request.prompt_token_ids) - matched
     assert two.wrong_loads == 0 and two.loaded_blocks == matched // BLOCK_SIZE
     assert request.is_finished()
@@ -159,6 +160,8 @@ def test_events_and_stats_carry_the_tier(memory_url, engines):
     assert sorted(h for e in stored for h in e.block_hashes) == sorted(
         maybe_convert_block_hash(h) for h in prompt_hashes(request))
     assert all(e.locality == "LOCAL" for e in stored)  # a memory:// store is in-process
+    infos = one.manager.config_info()
+    assert {"radixkv_store": memory_url, "radixkv_namespace": "m"}.items() <= infos[1].items()
     one.step()
     assert one.metrics["vllm:kv_offload_radixkv_stored_pages"] == 5  # reported once, through the scheduler's stats
     assert one.metrics["vllm:kv_offload_radixkv_written_bytes"] == 5 * one.row_bytes
