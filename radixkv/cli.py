@@ -286,6 +286,13 @@ def cli_warmup(text: str, reader) -> int:
     return check_at_most(check_int(count, "--warmup", minimum=0), "--warmup", MAX_REQUESTS)
 
 
+def interval_option(fn: Callable) -> Callable:
+    """``--interval N``: the hit rate over time, one window per N counted requests."""
+    return click.option("--interval", default=None, type=int, callback=bounded(MAX_REQUESTS),
+                        help=f"Record the hit rate over time: one window per N requests, in the JSON's "
+                             f"'intervals' (radixkv plot --over-time draws them); at most {spell(MAX_REQUESTS)}.")(fn)
+
+
 def counted(requests: int, warmup: int) -> None:
     """Refuse a run whose warm-up left nothing to count, naming ``--warmup``. O(1)."""
     if warmup and not requests:
@@ -373,6 +380,7 @@ def main() -> None:
 @output_options
 @limit_option("Replay")
 @warmup_option
+@interval_option
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
@@ -407,7 +415,7 @@ def main() -> None:
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
                load_back, store_url, store_blocks, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
-               miss_reasons, warmup) -> None:
+               miss_reasons, warmup, interval) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
 
@@ -441,7 +449,8 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
                     publish_from(cache, publisher)
 
             result = replay(reader, cache, on_request=on_request, on_record=on_record,
-                            miss_reasons=miss_reasons, model=model, hardware=hardware, warmup=warmup)
+                            miss_reasons=miss_reasons, model=model, hardware=hardware, warmup=warmup,
+                            interval=interval or 0)
     finally:
         if publisher is not None:
             publisher.close()
@@ -673,6 +682,7 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.option("--capacities", default="auto", show_default=True,
               help=CAPACITIES_HELP + " auto: 1%,2%,5%,10%,25%,50%,100% of the distinct pages.")
 @warmup_option
+@interval_option
 @click.option("--jobs", default=None, type=int, callback=bounded(MAX_JOBS),
               help=f"Parallel worker processes, each replaying whole runs (default: the CPUs this process may "
                    f"use, {available_cpus()} here; at most {spell(MAX_JOBS)}).")
@@ -686,7 +696,7 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @tokenizer_option
 @cost_options
 @user_errors
-def sweep_cmd(trace, policy_list, capacities, warmup, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
+def sweep_cmd(trace, policy_list, capacities, warmup, interval, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
               skip_bad, output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
@@ -702,7 +712,7 @@ def sweep_cmd(trace, policy_list, capacities, warmup, jobs, page_size, fmt, trac
         caps = sorted(set(caps)) if auto else caps
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
                           model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path,
-                          warmup=warmup)
+                          warmup=warmup, interval=interval or 0)
                  for p in names for c in caps]
     # The bar counts LRU-replay equivalents, so a Belady run moves it as far as it takes time.
     with progress(round(sweep_cost(jobs_list), 1), quiet, "sweep", unit="LRU run") as bar:
@@ -783,13 +793,15 @@ CURVE_COLUMNS = ["num_blocks", "capacity_tokens", "capacity_gib", "hit_tokens", 
 @click.option("--title", default="", help="Figure title.")
 @click.option("--policies", "policy_list", default=None, metavar="A,B,...",
               help="Draw only these policies (lru keeps a curve's 'lru (curve)' too).")
+@click.option("--over-time", is_flag=True,
+              help="Draw the hit rate over time of results run with --interval: a panel per capacity.")
 @user_errors
-def plot_cmd(results, output, title, policy_list) -> None:
+def plot_cmd(results, output, title, policy_list, over_time) -> None:
     """Plot RESULTS... (JSONL of `radixkv sweep -o`, `radixkv curve --json` output; several files
     share one x axis, a column of panels per trace): token hit rate against capacity, one fixed
     style per policy, Belady dashed as the ceiling, and below it the share of the LRU-to-Belady
     gap each policy closes (or its miss-ratio reduction over LRU without Belady)."""
-    from .analysis.plot import plot_results, read_results
+    from .analysis.plot import plot_over_time, plot_results, read_results
 
     rows = []
     for path in results:
@@ -797,7 +809,8 @@ def plot_cmd(results, output, title, policy_list) -> None:
             rows += read_results(path)
     wanted = None if policy_list is None else policy_list.split(",")
     try:
-        plot_results(rows, output_file("--output", output), title=title, policies=wanted)
+        draw = plot_over_time if over_time else plot_results
+        draw(rows, output_file("--output", output), title=title, policies=wanted)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"wrote {output}")

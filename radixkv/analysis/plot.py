@@ -361,3 +361,61 @@ def _gib_per_token(model: str) -> Optional[float]:
 
     spec = MODELS.get(model)
     return kv_bytes_per_token(spec) / 2**30 if spec is not None else None
+
+
+def plot_over_time(rows: List[dict], out: str, title: str = "", policies: Optional[Sequence[str]] = None) -> str:
+    """Draw the hit rate over time of results run with ``--interval``: one panel per capacity (a
+    shared x axis of requests replayed, a shared y axis), one line per policy in its fixed
+    :func:`policy_style`, each point a window's token hit rate at the window's last request.
+    Written as PNG, PDF or SVG by the extension of ``out``, a paper's column wide. Returns ``out``.
+
+    Raises:
+        RuntimeError: matplotlib (the ``plot`` extra) is missing.
+        ArgumentValueError: no row has intervals, or ``policies`` names one the rows lack.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import PercentFormatter
+    except ImportError:
+        raise RuntimeError("radixkv plot needs matplotlib: pip install 'radixkv[plot]'") from None
+    if policies is not None:
+        rows = select_policies(rows, policies)
+    rows = [row for row in rows if row.get("intervals")]
+    if not rows:
+        raise ArgumentValueError("--over-time needs results with a hit rate over time: run replay or sweep with "
+                                 "--interval N")
+    caps = sorted({(row["num_blocks"], row.get("page_size")) for row in rows})
+    with plt.rc_context({"font.size": 7, "legend.fontsize": 6.5, "axes.linewidth": 0.6}):
+        fig, axes = plt.subplots(len(caps), 1, figsize=(COLUMN_INCHES, 1.3 * len(caps) + 0.9), squeeze=False,
+                                 sharex=True, sharey=True)
+        handles: dict = {}
+        for ax, (blocks, page_size) in zip(axes[:, 0], caps):
+            for row in sorted((r for r in rows if (r["num_blocks"], r.get("page_size")) == (blocks, page_size)),
+                              key=lambda r: (CEILING_POLICY in r["policy"], r["policy"])):
+                xs = [w["end_request"] + int(row.get("warmup_requests") or 0) for w in row["intervals"]]
+                ys = [w["token_hit_rate"] for w in row["intervals"]]
+                style = policy_style(row["policy"])
+                if len(xs) > DENSE_POINTS:
+                    style["markevery"] = 0.1
+                (line,) = ax.plot(xs, ys, label=row["policy"], **style)
+                handles.setdefault(row["policy"], line)
+            size = f"{blocks * page_size:,} tokens" if page_size else f"{blocks:,} blocks"
+            ax.set_title(size, fontsize=7, loc="left")
+            ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+            ax.set_ylabel("window hit rate")
+            ax.grid(True, alpha=0.3, linewidth=0.5)
+        top = max(w["token_hit_rate"] for row in rows for w in row["intervals"])
+        axes[0, 0].set_ylim(0, top * 1.08 or 1.0)  # shared by every panel: after all lines are drawn
+        axes[-1, 0].set_xlabel("requests replayed")
+        legend_inches = 0.13 * -(-len(handles) // 3) + 0.08
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0), handlelength=2.6)
+        fig.suptitle(textwrap.fill(title or default_title(rows), 60), fontsize=7)
+        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1), h_pad=0.4)
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        fig.savefig(out, dpi=300)
+        plt.close(fig)
+    return out

@@ -61,6 +61,8 @@ class ReplayResult:
             requests with one (``None`` when the trace has none).
         warmup_requests: requests replayed before counting began (``replay(warmup=...)``);
             none of the figures above include them.
+        intervals: the hit rate over time (``replay(interval=...)``): one :class:`Windows`
+            entry per window of counted requests, in order; empty without an interval.
     """
 
     policy: str
@@ -83,6 +85,7 @@ class ReplayResult:
     first_timestamp: Optional[float] = None
     last_timestamp: Optional[float] = None
     warmup_requests: int = 0
+    intervals: List[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,6 +101,7 @@ def replay(
     model: Union[str, ModelSpec] = DEFAULT_MODEL,
     hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE,
     warmup: int = 0,
+    interval: int = 0,
 ) -> ReplayResult:
     """Replay ``requests`` in order through ``cache``; return the totals.
 
@@ -114,7 +118,8 @@ def replay(
     ``warmup``: the first ``warmup`` requests fill the cache (and the miss-reason
     history) but are not counted: no total, record or timestamp includes them, so the
     result describes a warm cache (``ReplayResult.warmup_requests`` says how many).
-    ``on_request`` is still called for them.
+    ``on_request`` is still called for them. ``interval``: the hit rate over time, one
+    :class:`Windows` entry per ``interval`` counted requests (``ReplayResult.intervals``).
 
     Requests must come in arrival order: a timestamp before the previous one
     raises ValueError naming the request, before that request is admitted, and
@@ -141,13 +146,13 @@ def replay(
                         tier_costs=tier_costs, by_tenant=cache.sharing.name != "shared")
     try:
         return _replay(requests, cache, stats, on_request, on_record, miss_reasons, start, tier_costs,
-                       check_int(warmup, "warmup", minimum=0))
+                       check_int(warmup, "warmup", minimum=0), check_int(interval, "interval", minimum=0))
     finally:
         stats.detach(cache)
 
 
 def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_record, miss_reasons: bool,
-            start: float, tier_costs, warmup: int) -> ReplayResult:
+            start: float, tier_costs, warmup: int, interval: int) -> ReplayResult:
     lower_tiers = tuple(tier_costs.tier_paths) if tier_costs is not None else ()
     admit, add, want_record = cache.admit, stats.add, on_record is not None
     want_hints = cache.policy.on_request is not None  # building them costs an object per request
@@ -155,13 +160,14 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
     loaded = None
     first_ts = last_ts = None
     keyed = _prepared(requests, stats) if miss_reasons else zip(requests, repeat(None))
+    windows = Windows(interval) if interval else None
     index = -1
     for index, (request, keys) in enumerate(keyed):
         if index == warmup and warmup:  # the cache is warm: count from here
             stats.reset_counts()
             first_ts = None
         if request.timestamp is not None:
-            first_ts, last_ts = arrival(request.timestamp, stats.requests, first_ts, last_ts)
+            first_ts, last_ts = arrival(request.timestamp, index, first_ts, last_ts)
         other = other_pages(cache, request, keys) if miss_reasons else 0
         evicted0, declined0 = cache.evicted_blocks, cache.declined_blocks
         before = cache.hit_tokens_by_tier if lower_tiers else None
@@ -178,6 +184,8 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
             on_request(request, hit)
         if record is not None and index >= warmup:
             on_record(record)
+        if windows is not None and index >= warmup:
+            windows.add(hit, len(request.tokens), request.timestamp)
     if index < warmup:  # the trace ended within the warm-up: nothing is counted
         stats.reset_counts()
         first_ts = None
@@ -202,7 +210,41 @@ def _replay(requests, cache: PrefixCache, stats: ReplayStats, on_request, on_rec
         first_timestamp=first_ts,
         last_timestamp=last_ts if first_ts is not None else None,
         warmup_requests=min(warmup, index + 1),
+        intervals=windows.close() if windows is not None else [],
     )
+
+
+class Windows:
+    """Hit rate over time: the counted requests cut into windows of ``interval``, each a dict
+    ``{"end_request", "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "last_timestamp"}``
+    (``end_request``: counted requests up to the window's end; the last window may be short).
+    O(1) a request, one small dict a window."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.rows: List[dict] = []
+        self._requests = self._prompt = self._hits = self._end = 0
+        self._ts: Optional[float] = None
+
+    def add(self, hit_tokens: int, prompt_tokens: int, timestamp: Optional[float]) -> None:
+        """Count one request; close the window at ``interval`` requests."""
+        self._requests += 1
+        self._end += 1
+        self._prompt += prompt_tokens
+        self._hits += hit_tokens
+        if timestamp is not None:
+            self._ts = timestamp
+        if self._requests == self.interval:
+            self.close()
+
+    def close(self) -> List[dict]:
+        """Close the open window if it holds a request; return every window. O(1)."""
+        if self._requests:
+            self.rows.append({"end_request": self._end, "requests": self._requests, "prompt_tokens": self._prompt,
+                              "hit_tokens": self._hits, "token_hit_rate": self._hits / self._prompt if self._prompt
+                              else 0.0, "last_timestamp": self._ts})
+            self._requests = self._prompt = self._hits = 0
+        return self.rows
 
 
 def arrival(ts: float, index: int, first: Optional[float], last: Optional[float]) -> Tuple[float, float]:

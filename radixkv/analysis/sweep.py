@@ -22,7 +22,7 @@ from ..capacity import parse_capacities, parse_capacity  # noqa: F401  (re-expor
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, CostModel, get_hardware, get_model, prefill_flops
 from .curve import CurveResult, LruStackDistances, PageInterner, log_grid, mooncake_page_ids
 from ..errors import ArgumentValueError, RadixKVError
-from .replay import ReplayResult, arrival, replay
+from .replay import ReplayResult, Windows, arrival, replay
 from ..workload.sources import open_trace
 from ..workload.traces import MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, Request
 
@@ -57,6 +57,8 @@ class SweepJob:
     """Path of a ``tokenizer.json`` for a ShareGPT trace (default: the built-in tokenizer)."""
     warmup: int = 0
     """Requests replayed before counting begins (:func:`radixkv.analysis.replay.replay`)."""
+    interval: int = 0
+    """Requests per window of the hit rate over time (:class:`radixkv.analysis.replay.Windows`); 0: none."""
 
 
 def run_job(job: SweepJob) -> dict:
@@ -64,7 +66,7 @@ def run_job(job: SweepJob) -> dict:
     trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
     cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=job.policy)
     result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware,
-                    warmup=job.warmup)
+                    warmup=job.warmup, interval=job.interval)
     return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
 
 
@@ -130,6 +132,7 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
     partial = 0
     first_ts = last_ts = None
     live_at_warmup = 0
+    windows = [Windows(job.interval) for _ in range(k)] if job.interval else None
     i = -1
     for i, (request, ids) in enumerate(_page_ids(trace, ps, trace.format == "mooncake")):
         if i == job.warmup and i:  # count from here; the stack keeps what the warm-up cached
@@ -154,6 +157,9 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
         evicted_miss += covered - hits
         partial += num_tokens - n * ps
         saved: dict = {}
+        if windows is not None:
+            for window, h in zip(windows, hits.tolist()):
+                window.add(h * ps, num_tokens, request.timestamp)
         for j, h in enumerate(hits.tolist()):
             if h:
                 if h not in saved:
@@ -180,7 +186,8 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
             wall_seconds=time.perf_counter() - start, admitted_blocks=int(admitted[j]),
             miss_tokens_by_reason=misses, model=model.name, hardware=costs.hardware.name,
             prefill_flops_saved=flops[j], ttft_saving_seconds=ttft[j], first_timestamp=first_ts,
-            last_timestamp=last_ts if first_ts is not None else None, warmup_requests=warm)
+            last_timestamp=last_ts if first_ts is not None else None, warmup_requests=warm,
+            intervals=windows[j].close() if windows is not None else [])
         rows.append({"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped, "source": "curve"})
     return rows
 
