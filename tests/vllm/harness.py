@@ -97,21 +97,23 @@ class Engine:
 
     Args:
         engine_id: vLLM's engine id (names the primary tier's shared-memory region).
-        extra_config: ``kv_connector_extra_config`` (:func:`tier_config`).
+        extra_config: ``kv_connector_extra_config`` (:func:`tier_config`); ``None``: no connector (vLLM's
+            prefix cache alone).
         asynchronous: ``AsyncScheduler`` (default) or ``Scheduler``.
         num_gpu_blocks: blocks of the fake GPU KV cache.
         enable_events: vLLM's ``enable_kv_cache_events`` (the tier keeps events only then).
     """
 
-    def __init__(self, engine_id: str, extra_config: dict, *, asynchronous: bool = True, num_gpu_blocks: int = 2048,
+    def __init__(self, engine_id: str, extra_config: Optional[dict], *, asynchronous: bool = True, num_gpu_blocks: int = 2048,
                  max_model_len: int = 8192, enable_events: bool = False) -> None:
         scheduler_config = SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=max_model_len,
                                            max_model_len=max_model_len, is_encoder_decoder=False)
         cache_config = CacheConfig(block_size=BLOCK_SIZE, gpu_memory_utilization=0.9, cache_dtype="auto",
                                    enable_prefix_caching=True)
         cache_config.num_gpu_blocks = num_gpu_blocks
-        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
-                                    kv_connector_extra_config=extra_config)
+        transfer = None if extra_config is None else KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
+            kv_connector_extra_config=extra_config)
         kwargs = {}
         if enable_events:
             from vllm.config import KVEventsConfig
@@ -127,9 +129,13 @@ class Engine:
                              structured_output_manager=StructuredOutputManager(config), block_size=BLOCK_SIZE,
                              log_stats=True)
         self.connector = self.scheduler.connector
-        self.manager = self.connector.connector_scheduler.manager
-        (self.tier,) = self.manager.secondary_tiers
-        self.primary = np.asarray(self.manager.primary_tier.get_kv_memoryview()).view(np.uint8)
+        if self.connector is not None:
+            self.manager = self.connector.connector_scheduler.manager
+            (self.tier,) = self.manager.secondary_tiers
+            self.primary = np.asarray(self.manager.primary_tier.get_kv_memoryview()).view(np.uint8)
+        else:
+            self.manager = self.tier = None
+            self.primary = np.zeros((0, 64), dtype=np.uint8)
         self.row_bytes = self.primary.shape[1]
         self.gpu = np.zeros((num_gpu_blocks, self.row_bytes), dtype=np.uint8)
         self.requests: Dict[str, Request] = {}
@@ -212,7 +218,7 @@ class Engine:
         real engine spends on the forward pass.
         """
         for n in range(max_steps):
-            if not self.scheduler.has_requests() and not self.connector.has_pending_push_work():
+            if not self.scheduler.has_requests() and not (self.connector and self.connector.has_pending_push_work()):
                 return n
             self.step()
             if settle is not None:
@@ -227,13 +233,14 @@ class Engine:
     def shutdown(self) -> None:
         """Shut the connector down (the tier, then the primary's shared-memory file)."""
         self.primary = np.empty((0, self.row_bytes), dtype=np.uint8)  # release the exported buffer
-        self.connector.shutdown()
+        if self.connector is not None:
+            self.connector.shutdown()
 
 
 def wait_io(engine: Engine) -> None:
     """Wait until the engine's radixkv tier has no lookup queued and no job in flight."""
-    core = engine.tier.core
-    assert core.drain(timeout=10), "the tier's jobs did not finish in 10 s"
+    if engine.tier is not None:
+        assert engine.tier.core.drain(timeout=60), "the tier's jobs did not finish in 60 s"
 
 
 def probe(engine: Engine, keys: Sequence[bytes], max_ends: int = 6):
