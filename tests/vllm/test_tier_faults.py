@@ -14,6 +14,7 @@ import random
 import time
 
 import pytest
+from vllm.distributed.kv_events import MEDIUM_STORAGE, BlockRemoved
 
 from radixkv.testing.localredis import LocalRedis
 
@@ -71,7 +72,7 @@ class Faults:
 def run_faults(url: str, runs: int, seed: int, server=None):
     rng = random.Random(seed)
     one = Engine("fault-one", tier_config(url, "m"))
-    two = Engine("fault-two", tier_config(url, "m", answer_ttl=0.05))
+    two = Engine("fault-two", tier_config(url, "m", answer_ttl=0.05), enable_events=True)
     faults = Faults(two, rng, server)
     failed_runs = promoted = 0
     try:
@@ -113,6 +114,9 @@ def run_faults(url: str, runs: int, seed: int, server=None):
 def test_randomized_faults_never_promote_wrong_bytes(memory_url):
     failed_runs, promoted, two = run_faults(memory_url, RUNS, seed=31)
     assert two.wrong_loads == 0
+    # a page a load found gone is published as removed from the STORAGE tier
+    removed = [e for e in two.published if isinstance(e, BlockRemoved) and e.medium == MEDIUM_STORAGE]
+    assert len(removed) >= failed_runs // 2, (len(removed), failed_runs)
     # the faults bit: loads failed in many runs, and the runs still promoted most pages
     assert failed_runs >= RUNS // 10, failed_runs
     assert promoted >= RUNS, promoted

@@ -80,7 +80,7 @@ class FinishedJob:
         num_bytes: payload bytes moved.
         seconds: wall time of the transfer on the pool thread.
         stored_keys: for a store, the offload keys present in the store afterwards; for a load,
-            the keys found absent or refused (gone from the store as far as this tier knows).
+            the page it could not read (absent, refused, or on a store that did not answer).
     """
 
     job_id: int
@@ -209,12 +209,6 @@ class StoreTierCore:
         while len(answers) > self.max_answers:
             answers.popitem(last=False)
             self._counts["evicted_answers"] += 1
-
-    def forget(self, offload_keys: Sequence[bytes]) -> None:
-        """Drop what this tier remembers of these keys (the next lookup asks the store). O(len)."""
-        with self._lock:
-            for key in offload_keys:
-                self._answers.pop(key, None)
 
     # ------------------------------------------------------------------ jobs
     def _check_job(self, keys: Sequence[bytes], chunk_ids: Any) -> Tuple[List[bytes], List[int]]:
