@@ -253,7 +253,7 @@ def limit_option(verb: str) -> Callable:
                         help=f"{verb} only the first N requests (at most {spell(MAX_REQUESTS)}).")
 
 
-POLICY_HELP = f"Eviction policy: {', '.join(policies.available())}."
+POLICY_HELP = f"Eviction policy: {', '.join(policies.available())}; or a class of yours as module:Class."
 """``--policy``'s help: every registered name (an alias is accepted too)."""
 
 
@@ -299,7 +299,43 @@ def counted(requests: int, warmup: int) -> None:
         raise ArgumentValueError(f"--warmup {warmup:,} leaves no request to count: the trace has no more")
 
 
+def policy_param_option(fn: Callable) -> Callable:
+    """``--policy-param KEY=VALUE`` (repeatable): a constructor argument of the policy."""
+    return click.option("--policy-param", "policy_params", multiple=True, metavar="KEY=VALUE",
+                        help="A constructor argument of the policy (repeatable), e.g. small_fraction=0.2 for "
+                             "s3fifo; values are JSON or text, checked against the constructor.")(fn)
+
+
+def policy_specs(names: List[str], params: tuple) -> dict:
+    """``--policy-param`` as each of ``names``' ``((key, value), ...)``: a key goes to the policies whose
+    constructor takes it, and must go to one at least; the values are checked by building each
+    (:meth:`radixkv.policies.PolicySpec.check`). Errors name the flag. JSON lists become tuples."""
+    kwargs = gen_params(params, "--policy-param")
+    pairs = [(k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()]
+    out = {}
+    try:
+        for name in names if pairs else ():
+            takes = policies.parameters(name)
+            out[name] = tuple((k, v) for k, v in pairs if k in takes)
+        for key, _ in pairs:
+            if not any(key in dict(given) for given in out.values()):
+                takes = "; ".join(f"{n}: {', '.join(policies.parameters(n)) or 'none'}" for n in names)
+                raise ArgumentValueError(f"no policy of {', '.join(names)} takes {key!r} (they take {takes})")
+        for name, given in out.items():
+            if given:
+                policies.PolicySpec(name, given).check()
+    except RadixKVError as exc:
+        raise ArgumentValueError(f"--policy-param: {exc}") from None
+    return out
+
+
 def policy_name(ctx, param, value):
+    if ":" in value:  # a user's class: imported now, so a bad path fails before any work
+        try:
+            policies.load(value)
+        except RadixKVError as exc:
+            raise click.BadParameter(str(exc)) from None
+        return value
     names = policies.available(include_aliases=True)
     if value not in names:
         raise click.BadParameter(f"unknown policy {value!r}; available: {', '.join(names)}")
@@ -381,6 +417,7 @@ def main() -> None:
 @limit_option("Replay")
 @warmup_option
 @interval_option
+@policy_param_option
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--host-blocks", default="0", show_default=True, metavar="SIZE",
@@ -415,7 +452,7 @@ def main() -> None:
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
                columns, limit, skip_bad, quiet, host_blocks, write_policy, remote_hosts, remote_blocks, redis_urls,
                load_back, store_url, store_blocks, records, kv_events_endpoint, kv_events_replay_endpoint, tokenizer_path, model, hardware,
-               miss_reasons, warmup, interval) -> None:
+               miss_reasons, warmup, interval, policy_params) -> None:
     """Replay TRACE (token, Mooncake or ShareGPT; plain, .gz, .zst or - for stdin) through one
     cache and report hit rates, misses by reason and the prefill compute saved.
 
@@ -432,9 +469,11 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     check_remote_flags(remote_hosts, remote_blocks, redis_urls)
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     warmup = cli_warmup(warmup, reader)
+    params = policy_specs([policy], policy_params).get(policy, ())
+    policy_arg = policies.PolicySpec(policy, params) if params else policy
     publisher = kv_events_publisher(kv_events_endpoint, kv_events_replay_endpoint, write_policy)
     store = store_for(store_url, store_blocks, page_size)
-    cache = build_cache(num_blocks, page_size, policy, host_blocks=host_blocks, write_policy=write_policy,
+    cache = build_cache(num_blocks, page_size, policy_arg, host_blocks=host_blocks, write_policy=write_policy,
                         remote_hosts=remote_hosts, remote_blocks=remote_blocks, redis_urls=redis_urls,
                         load_back=load_back, enable_events=publisher is not None, store=store)
     try:
@@ -459,6 +498,8 @@ def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_
     counted(result.requests, warmup)
     out = result.as_dict()
     out["skipped_lines"] = reader.skipped
+    if params:
+        out["policy_params"] = dict(params)
     tiered = hasattr(cache, "tier_stats")
     if tiered:
         stats = cache.tier_stats().as_dict()
@@ -678,11 +719,12 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--policies", "policy_list", default="lru", show_default=True,
               help=f"Comma-separated eviction policies, e.g. lru,lfu,s3fifo,belady; of "
-                   f"{', '.join(policies.available())}.")
+                   f"{', '.join(policies.available())}; or module:Class.")
 @click.option("--capacities", default="auto", show_default=True,
               help=CAPACITIES_HELP + " auto: 1%,2%,5%,10%,25%,50%,100% of the distinct pages.")
 @warmup_option
 @interval_option
+@policy_param_option
 @click.option("--jobs", default=None, type=int, callback=bounded(MAX_JOBS),
               help=f"Parallel worker processes, each replaying whole runs (default: the CPUs this process may "
                    f"use, {available_cpus()} here; at most {spell(MAX_JOBS)}).")
@@ -696,7 +738,7 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
 @tokenizer_option
 @cost_options
 @user_errors
-def sweep_cmd(trace, policy_list, capacities, warmup, interval, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
+def sweep_cmd(trace, policy_list, capacities, warmup, interval, policy_params, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
               skip_bad, output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
@@ -708,11 +750,12 @@ def sweep_cmd(trace, policy_list, capacities, warmup, interval, jobs, page_size,
     auto = capacities.strip() == "auto"
     caps = cli_capacities(AUTO_CAPACITIES if auto else capacities, reader, page_size, model)
     warmup = cli_warmup(warmup, reader)
+    params = policy_specs(names, policy_params)
     if len(set(caps)) < len(caps):  # auto on a small trace: shares that round to the same blocks
         caps = sorted(set(caps)) if auto else caps
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
                           model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path,
-                          warmup=warmup, interval=interval or 0)
+                          warmup=warmup, interval=interval or 0, policy_params=params.get(p, ()))
                  for p in names for c in caps]
     # The bar counts LRU-replay equivalents, so a Belady run moves it as far as it takes time.
     with progress(round(sweep_cost(jobs_list), 1), quiet, "sweep", unit="LRU run") as bar:
@@ -855,13 +898,13 @@ def held(requests: Iterable[Request], what: str) -> List[Request]:
     return out
 
 
-def gen_params(params: tuple) -> dict:
-    """``--param KEY=VALUE`` options as generator keyword arguments (values JSON, else text)."""
+def gen_params(params: tuple, flag: str = "--param") -> dict:
+    """``--param KEY=VALUE`` options (or ``flag``'s) as keyword arguments (values JSON, else text)."""
     kwargs = {}
     for item in params:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ArgumentValueError(f"--param must be KEY=VALUE, got {item!r}")
+            raise ArgumentValueError(f"{flag} must be KEY=VALUE, got {item!r}")
         try:
             kwargs[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

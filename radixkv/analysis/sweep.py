@@ -28,13 +28,16 @@ from ..workload.traces import MOONCAKE_BLOCK_TOKENS, MooncakeBlocks, Request
 
 
 def parse_policies(text: str) -> List[str]:
-    """Comma-separated policy names, each checked against the registry (ValueError listing them)."""
+    """Comma-separated policy names, each checked against the registry (ValueError listing them), or a
+    user's class as ``module:Class`` (imported to check it, :func:`radixkv.policies.load`)."""
     names = [item.strip() for item in str(text).split(",") if item.strip()]
     known = policies.available(include_aliases=True)
     if not names:
         raise ArgumentValueError(f"policies must list at least one policy, got {text!r}")
     for name in names:
-        if name not in known:
+        if ":" in name:
+            policies.load(name)
+        elif name not in known:
             raise ArgumentValueError(f"unknown policy {name!r}; available: {', '.join(known)}")
     return names
 
@@ -57,6 +60,8 @@ class SweepJob:
     """Path of a ``tokenizer.json`` for a ShareGPT trace (default: the built-in tokenizer)."""
     warmup: int = 0
     """Requests replayed before counting begins (:func:`radixkv.analysis.replay.replay`)."""
+    policy_params: Tuple[Tuple[str, object], ...] = ()
+    """Constructor arguments of the policy (:class:`radixkv.policies.PolicySpec`)."""
     interval: int = 0
     """Requests per window of the hit rate over time (:class:`radixkv.analysis.replay.Windows`); 0: none."""
 
@@ -64,10 +69,12 @@ class SweepJob:
 def run_job(job: SweepJob) -> dict:
     """Replay one job; the :class:`~radixkv.analysis.replay.ReplayResult` as a dict plus ``trace`` and ``skipped_lines``."""
     trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
-    cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=job.policy)
+    policy = policies.PolicySpec(job.policy, job.policy_params) if job.policy_params else job.policy
+    cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=policy)
     result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware,
                     warmup=job.warmup, interval=job.interval)
-    return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped}
+    params = {"policy_params": dict(job.policy_params)} if job.policy_params else {}
+    return {"trace": job.trace, **result.as_dict(), "skipped_lines": trace.skipped, **params}
 
 
 AUTO_CAPACITIES = "1%,2%,5%,10%,25%,50%,100%"
@@ -212,7 +219,7 @@ def plan_tasks(jobs: Sequence[SweepJob], curve: bool = True) -> List[Tuple[int, 
     as a pass become one task, every other job a task of its own. O(jobs)."""
     groups: dict = {}
     for i, job in enumerate(jobs):
-        if curve and job.policy == "lru":
+        if curve and job.policy == "lru" and not job.policy_params:
             groups.setdefault(replace(job, num_blocks=0), []).append(i)
     tasks: List[Tuple[int, ...]] = []
     in_curve = set()
