@@ -64,7 +64,8 @@ ROUTING = ("round_robin", "least_loaded", "cache_aware", "kv_events")
 LENDING = ("free", "value")
 DUPLICATES = ("move", "copy")
 """What a pull through the cluster-wide index leaves at its source: its copy demoted to the next to
-go (``move``, where the policy ranks by last use: lru), or as it was (``copy``)."""
+go in the medium it was read from, HBM or host (``move``, where the policy ranks by last use: lru),
+or as it was (``copy``)."""
 VALUE_POLICIES = ("lru",)
 """Policies whose rank is a last-use time, comparable across instances on the cluster's clock."""
 
@@ -89,10 +90,13 @@ class Pull:
         pages: pages copied from ``source`` into the head of the admission's new blocks (0: none);
             they count as hits (``hit_tokens_by_tier["peer"]``), charged a network transfer.
         source: the instance they came from (``None`` when none).
+        host_pages: how many of them (the last ones) came from ``source``'s host tier, charged its
+            PCIe read too (the cost model's ``peer_host`` path); the others came from its HBM.
     """
 
     pages: int
     source: Optional[int]
+    host_pages: int = 0
 
 
 class Instance:
@@ -410,10 +414,12 @@ class ClusterResult:
             blocks evicted to make room for requests, summed over instances.
         global_index: whether instances pull pages from each other through the cluster-wide index
             (:class:`~radixkv.global_index.GlobalPageIndex`); peer_hit_tokens / pages_pulled: what
-            they pulled (in ``hit_tokens`` and ``hit_tokens_by_tier["peer"]``); peer_transfer_seconds:
-            its network transfer time (the cost model's ``peer`` path, subtracted from the TTFT
-            saving); index_us_per_request: wall time keying and looking up each request in the
-            index; index_pages: pages in the index at the end.
+            they pulled (in ``hit_tokens`` and ``hit_tokens_by_tier["peer"]``), from a peer's HBM or
+            its host tier; peer_host_hit_tokens: how many of those tokens came from a peer's host
+            tier; peer_transfer_seconds: their transfer time (the cost model's ``peer`` path, one
+            network hop, and ``peer_host``, the peer's PCIe read then the hop; subtracted from the
+            TTFT saving); index_us_per_request: wall time keying and looking up each request in the
+            index; index_pages / index_host_pages: distinct pages in the index's HBM / host part at the end.
         store: the shared page store's URL (``None``: none); store_hit_tokens: tokens served from it
             (also in ``hit_tokens_by_tier["store"]``, charged the cost model's ``store`` path);
             store_stats: its counters summed over the instances (round trips, hits, integrity
@@ -467,6 +473,8 @@ class ClusterResult:
     peer_transfer_seconds: float = 0.0
     index_us_per_request: float = 0.0
     index_pages: int = 0
+    peer_host_hit_tokens: int = 0
+    index_host_pages: int = 0
     event_faults: Optional[str] = None
     router_false_hit_pages: int = 0
     router_missed_pages: int = 0
@@ -571,13 +579,14 @@ class Cluster:
             ``"memory"`` for one in-process store of this cluster's, ``memory://NAME``, ``redis://...``),
             read past each instance's own pages and written through at each release; ``store_blocks``
             bounds an in-process one.
-        global_index: keep a cluster-wide index of every instance's HBM pages
+        global_index: keep a cluster-wide index of every instance's HBM and host-tier pages
             (:class:`~radixkv.global_index.GlobalPageIndex`): an admission whose pages past its own
             hit another instance holds pulls them from that peer (:attr:`last_pull`) instead of
-            computing them, as a hit charged a network transfer.
+            computing them, as a hit charged a network transfer (from the peer's host tier, its
+            PCIe read as well).
         duplicates: what a pull leaves at its source (:data:`DUPLICATES`): ``"move"`` (the default)
-            demotes the source's copy to the next to go (LRU; other policies keep it), ``"copy"``
-            leaves it as it was.
+            demotes the source's copy to the next to go in HBM, or in its host tier for a page
+            pulled from there (LRU; other policies keep it), ``"copy"`` leaves it as it was.
     """
 
     def __init__(self, num_instances: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
@@ -659,6 +668,8 @@ class Cluster:
         """What the last :meth:`admit` pulled from a peer."""
         self.pulled_pages = 0
         """Pages pulled from peers since the cluster was made."""
+        self.pulled_host_pages = 0
+        """How many of them came from a peer's host tier."""
         self.index_seconds = 0.0
         """Wall time spent keying requests and looking them up in the index."""
 
@@ -739,25 +750,34 @@ class Cluster:
     def _pull(self, i: int, admission: Admission, tokens: np.ndarray, namespace: Optional[str],
               keys: List[int]) -> "Pull":
         """After instance ``i`` admitted a request: the pages past its hit that other instances hold
-        come from the first of them that holds them all, into the head of the admission's new
-        blocks (their payload copied when the caches keep one), instead of being computed."""
+        (in HBM or their host tier) come from one of them that holds them all (in HBM if one does),
+        into the head of the admission's new blocks (their payload copied when the caches keep
+        one), instead of being computed: the source's written HBM pages first, then its host
+        copies (:meth:`~radixkv.tiers.TieredCache.export_pages`)."""
         start = time.perf_counter()
         hit = admission.hit_tokens // self.page_size
         end, source = self.index.longest(keys, hit, exclude=i)
         pages = min(end - hit, admission.num_new_pages)
-        if pages > 0:  # only pages whose KV is written: none an unreleased admission still computes
-            peer = self.instances[source].cache
-            pages = min(pages, peer.settled_pages(tokens[: end * self.page_size], namespace=namespace) - hit)
+        if pages <= 0:
+            self.index_seconds += time.perf_counter() - start
+            return Pull(0, None)
+        # Only pages whose KV is written (none an unreleased admission still computes), from the
+        # peer's HBM first, then its host tier; with "move" the host copies taken go next there.
+        peer = self.instances[source].cache
+        moved = self.duplicates == "move"
+        got = peer.export_pages(tokens, namespace=namespace, start=hit, max_pages=pages,
+                                tiers=self.index.lower_tiers, demote_lower=moved)
         self.index_seconds += time.perf_counter() - start
+        pages = got.pages
         if pages <= 0:
             return Pull(0, None)
-        if self.duplicates == "move":  # the source's copy goes first now: capacity is not spent twice
+        if moved and got.hbm_pages:  # the source's copy goes first now: capacity is not spent twice
             peer.demote(tokens[: end * self.page_size], namespace=namespace, start=hit)
-        if peer.payload is not None:
-            held = peer.cached_blocks(tokens[: end * self.page_size], namespace=namespace)
-            self.instances[i].cache.write(admission.new_blocks[:pages], peer.read(held[hit : hit + pages]))
+        if got.payload is not None:
+            self.instances[i].cache.write(admission.new_blocks[:pages], got.payload)
         self.pulled_pages += pages
-        return Pull(pages, source)
+        self.pulled_host_pages += pages - got.hbm_pages
+        return Pull(pages, source, pages - got.hbm_pages)
 
     def replay(self, requests: Iterable[Request], *,
                on_request: Optional[Callable[[Request, int], None]] = None,
@@ -782,6 +802,7 @@ class Cluster:
         """
         start = time.perf_counter()
         pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
+        host0 = self.pulled_host_pages
         self._peer_seconds = 0.0
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
@@ -826,8 +847,10 @@ class Cluster:
             wall_seconds=time.perf_counter() - start, **stats_totals(stats), global_index=self.index is not None,
             store=self.store_url, store_hit_tokens=by_tier.get("store", 0), store_stats=self._store_stats(),
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
+            peer_host_hit_tokens=(self.pulled_host_pages - host0) * self.page_size,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
-            index_pages=len(self.index) if self.index is not None else 0, **router)
+            index_pages=len(self.index) if self.index is not None else 0,
+            index_host_pages=self.index.lower_pages if self.index is not None else 0, **router)
 
     def _replay(self, requests: Iterable[Request], stats: List[ReplayStats], on_request, on_record,
                 miss_reasons: bool) -> Tuple[int, float, float]:
@@ -855,11 +878,14 @@ class Cluster:
                 if n:
                     borrowed_seconds += st.costs.transfer_seconds("borrowed", n * st.costs.page_bytes)
             hit = a.hit_tokens
-            pulled = self.last_pull.pages
-            if pulled:  # pages copied from a peer: hits, each charged its share of one network transfer
+            pulled, from_host = self.last_pull.pages, self.last_pull.host_pages
+            if pulled:  # pages copied from a peer: hits, each charged its share of one transfer on its path
                 hit += pulled * self.page_size
-                loaded = {**(loaded or {}), "peer": pulled}
-                peer_seconds += st.costs.transfer_seconds("peer", pulled * st.costs.page_bytes)
+                loaded = {**(loaded or {}), "peer": pulled - from_host}
+                peer_seconds += st.costs.transfer_seconds("peer", (pulled - from_host) * st.costs.page_bytes)
+                if from_host:  # from the peer's host tier: its PCIe read, then the network hop
+                    loaded["peer_host"] = from_host
+                    peer_seconds += st.costs.transfer_seconds("peer_host", from_host * st.costs.page_bytes)
             count_request(st, request, hit, a.num_new_pages, cache.declined_blocks - counters[i][1],
                           cache.evicted_blocks - counters[i][0], other[0], loaded, count, i, on_request, on_record)
             count += 1
@@ -918,7 +944,7 @@ class Cluster:
     def check(self) -> None:
         """Every instance's :meth:`~radixkv.tiers.TieredCache.check` (write-back: it asserts no stranded
         copy, borrowed ones included), the ledger, and the cluster-wide index (it must equal the union
-        of the instances' HBM pages). O(n)."""
+        of the instances' HBM pages, and of their host-tier pages). O(n)."""
         for inst in self.instances:
             inst.cache.check()
         self.manager.check()

@@ -47,7 +47,10 @@ took go back and a node it could not rank waits for the tier's next eviction.
 
 Residency journal: when :attr:`TierStack.journal` is a list (a cache with
 events sets it), every change of a page's residency below HBM is appended to
-it as it happens, in order: the tier layer turns it into events.
+it as it happens, in order: the tier layer turns it into events. A residency
+observer (:meth:`TierStack.add_observer`: a cluster-wide page index) is told
+of the same changes at the same points, with the node itself, so it keys the
+pages without joining their path's bytes.
 """
 
 from __future__ import annotations
@@ -133,6 +136,8 @@ class TierStack:
         """The latest of those errors, for diagnosis."""
         self.journal: Optional[List[Change]] = None
         """Residency changes below HBM not yet taken (see the module doc); ``None``: not recorded."""
+        self.observers: Tuple[object, ...] = ()
+        """Told of every residency change below HBM as it happens (:meth:`add_observer`)."""
         self._warned = False
         self._unranked: Dict[Node, None] = {}  # resident nodes whose tier policy raised ranking them
         self._deferred: Optional[List[BaseException]] = None  # see completing
@@ -206,8 +211,30 @@ class TierStack:
                            lambda lost: self._mask(lost, n, "lost_slots"), np.zeros(n, dtype=bool))
 
     # ------------------------------------------------------------------ journal
+    def add_observer(self, observer: object) -> None:
+        """Tell ``observer`` of every residency change below HBM from now on: ``observer.lower_stored(node)``
+        once ``node`` became a copy (``node.ext``, a :class:`Copy`, names its tier and slots) and
+        ``observer.lower_removed(node)`` just before its copy leaves (cascaded, dropped, promoted to
+        HBM, lost, forgotten at a reset), its slots still in ``node.ext``. A split is no change: the
+        two parts keep their pages' slots. O(observers)."""
+        if not all(callable(getattr(observer, name, None)) for name in ("lower_stored", "lower_removed")):
+            raise TypeError(f"a residency observer needs lower_stored and lower_removed methods, got {observer!r}")
+        if any(o is observer for o in self.observers):
+            raise ValueError(f"{observer!r} observes this stack already")
+        self.observers += (observer,)
+
+    def remove_observer(self, observer: object) -> None:
+        """Stop telling ``observer`` (see :meth:`add_observer`); nothing if it was not told. O(observers)."""
+        self.observers = tuple(o for o in self.observers if o is not observer)
+
     def _note(self, kind: str, node: Node, tier: Tier, source: str = HBM) -> None:
-        """Journal a residency change of every page of ``node`` (no-op unless recording). O(depth)."""
+        """Tell the observers of a residency change of every page of ``node`` (O(1) each), and journal
+        it when recording (O(depth))."""
+        for observer in self.observers:  # ``node.ext`` is the copy, made or leaving
+            if kind == "stored":
+                observer.lower_stored(node)
+            else:
+                observer.lower_removed(node)
         if self.journal is not None:
             root, data = path_data(node, self.tree.page_bytes)
             self.journal.append((kind, root.namespace, data, node.start, tier.name, source))
@@ -503,6 +530,47 @@ class TierStack:
         self._tidy_fetch(lost, released)
         payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
         return got, payload, by_tier
+
+    def read_run(self, run: List[Node], max_pages: int, tiers: Sequence[str],
+                 demote: bool = False) -> Tuple[List[Tuple[str, int]], Optional[np.ndarray]]:
+        """Copy out up to ``max_pages`` leading pages of ``run`` for a peer, changing no residency.
+
+        Reads page by page in order while each copy is in a tier named in ``tiers`` and its
+        payload is there and matches its checksum; stops at the first that is not (the owner's
+        own next load counts and drops a bad page: a peer's read leaves it be). Splits the last
+        node read where ``max_pages`` ends (as a lookup does). With ``demote`` each copy read is
+        ranked next to go in its tier, as if last used before every other copy (the peer took it:
+        a move, as :meth:`radixkv.cache.PrefixCache.demote`), under a policy whose rank is a
+        last-use time (``lru``; other copies keep their rank). Returns ``([(tier name, pages), ...],
+        payload or None)``. No transfer is charged here: the reader is charged its own path. Cost:
+        O(nodes read) plus the payload bytes and their checksums.
+        """
+        got = 0
+        parts: List[np.ndarray] = []
+        by_tier: List[Tuple[str, int]] = []
+        for node in run:
+            if got >= max_pages or node.gen < 0 or not isinstance(node.ext, Copy) or node.ext.tier.name not in tiers:
+                break
+            want = min(node.num_pages, max_pages - got)
+            if want < node.num_pages:
+                node = self._split(node, want)
+            copy: Copy = node.ext
+            data, ok = self._read(copy.tier, copy.slots)
+            if data is not None and copy.sums is not None and ok.any():
+                ok &= checksums(data) == copy.sums
+            good = len(ok) if ok.all() else int(np.argmin(ok))
+            if good:
+                if data is not None:
+                    parts.append(data[:good])
+                by_tier.append((copy.tier.name, good))
+                got += good
+                if demote and copy.tier.policy.name == "lru":
+                    node.policy_state = 0
+                    self._rank(node)
+            if good < len(ok):
+                break
+        payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+        return by_tier, payload
 
     def _tidy_fetch(self, lost: List[Node], released: List[Node], failed: bool = False) -> None:
         """After :meth:`fetch`: the copies below a bad page go with it (see :meth:`_lose`), and

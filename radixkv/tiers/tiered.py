@@ -46,7 +46,7 @@ from ..cache import PrefixCache
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, DEFAULT_TIER_PATHS, CostModel, get_hardware, get_model
 from ..errors import ArgumentTypeError
 from ..events import MEDIUM_GPU, TIER_MEDIUM, KVCacheEvent
-from ..keys import TokensLike, is_int
+from ..keys import TokensLike, as_tokens, is_int
 from ..lower import Load, LowerLayer
 from ..tree import Node
 from .base import Copy, Tier, TierConfigError
@@ -56,8 +56,12 @@ from .transfers import HBM, TransferLedger, TransferTotals
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 LOAD_BACK = ("cost", "always", "never")
 
-#: Tier paths of the default cost model: costs' defaults plus ``borrowed`` (a peer's HBM, one network hop).
-TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",), "peer": ("network",), "store": ("network", "pcie")}
+#: Tier paths of the default cost model: costs' defaults plus ``borrowed`` (a peer's HBM, one network hop),
+#: ``peer`` (a page pulled from a peer's HBM, one network hop) and ``peer_host`` (pulled from a peer's
+#: host tier: the peer's PCIe read into its NIC, then the network hop; the cost model sums a path's
+#: links, so the two are charged one after the other, as ``remote`` is).
+TIER_PATHS = {**DEFAULT_TIER_PATHS, "borrowed": ("network",), "peer": ("network",), "peer_host": ("pcie", "network"),
+              "store": ("network", "pcie")}
 
 
 def default_cost_model(page_size: int) -> CostModel:
@@ -104,6 +108,26 @@ class TierStats:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """Pages a cache hands a peer that copies them (:meth:`TieredCache.export_pages`).
+
+    Attributes:
+        hbm_pages: leading pages read from HBM (written ones only).
+        lower: the pages after them read from lower tiers, ``[(tier name, pages), ...]`` in order.
+        payload: their payload rows, HBM's first (``None`` without payload, or when none).
+    """
+
+    hbm_pages: int
+    lower: List[Tuple[str, int]]
+    payload: Optional[np.ndarray]
+
+    @property
+    def pages(self) -> int:
+        """Pages handed in all."""
+        return self.hbm_pages + sum(n for _, n in self.lower)
 
 
 class _Write:
@@ -613,6 +637,44 @@ class TieredCache(PrefixCache):
         stack = self._layer.stack
         lower = stack.peek(root, data, pos, num_pages) if stack.num_pages else 0
         return pos, lower
+
+    def export_pages(self, tokens: TokensLike, *, namespace: Optional[str] = None, start: int = 0,
+                     max_pages: Optional[int] = None, tiers: Sequence[str] = ("host",),
+                     demote_lower: bool = False) -> Export:
+        """Pages ``start..`` of ``tokens`` (at most ``max_pages``) for a peer to copy: the written ones in
+        HBM, then the copies continuing them in the lower tiers named in ``tiers``; no hit is counted,
+        no residency changes.
+
+        A page an open admission is still writing is never handed (nor anything past it in HBM);
+        a lower copy is written by construction (copied down only once released) and is handed only
+        while its payload is there and matches its checksum: the bytes a peer gets are the ones
+        this cache holds for exactly that prefix. ``demote_lower``: the lower copies handed become
+        the next to go in their tiers (LRU: a move, see :meth:`TierStack.read_run`); HBM pages are
+        the caller's to demote (:meth:`demote`). Tenant-blind, as :meth:`cached_pages`. Cost: two
+        read-only walks, plus the payload bytes copied and checksummed.
+        """
+        root, data, num_pages = self.locate(tokens, namespace=namespace)
+        start = int(start)
+        end = num_pages if max_pages is None else min(num_pages, start + int(max_pages))
+        if root is None or start >= end:
+            return Export(0, [], None)
+        arr = as_tokens(tokens)[: end * self.page_size]
+        settled = self.settled_pages(arr, namespace=namespace)
+        hbm = max(0, settled - start)
+        parts = []
+        if hbm and self.payload is not None:
+            held = self.cached_blocks(arr[: settled * self.page_size], namespace=namespace)
+            parts.append(self.read(held[start:settled]))
+        lower: List[Tuple[str, int]] = []
+        pos = start + hbm
+        stack = self._layer.stack
+        if pos < end and stack.num_pages:
+            run = stack.lookup(root, data, pos, end, touch=False)
+            lower, payload = stack.read_run(run, end - pos, tiers, demote=demote_lower)
+            if payload is not None:
+                parts.append(payload)
+        payload = (np.concatenate(parts) if len(parts) > 1 else parts[0]) if parts else None
+        return Export(hbm, lower, payload)
 
     def take_events(self) -> List[KVCacheEvent]:
         """As :meth:`PrefixCache.take_events`, with every lower tier's residency changes (see

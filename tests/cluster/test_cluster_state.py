@@ -7,9 +7,11 @@ Creditors fail two ways: they stop answering (refuse every loan) and come back, 
 
 After every step: every instance's ``check()`` and the ledger's (``Cluster.check``, which
 includes no stranded copy and, with the index, that it equals the union of every instance's
-HBM pages), the ledger equals the blocks each creditor holds for others,
+HBM pages and of its host-tier pages), the ledger equals the blocks each creditor holds for others,
 and every page anywhere (HBM, borrowed memory, host) holds the bytes written for its prefix.
-Every hit, and every page pulled from a peer, is verified byte for byte when it is served.
+Every hit, and every page pulled from a peer (from its HBM or its host tier), is verified byte for
+byte when it is served. Without borrowing, HBM spills straight to the host tier, so host copies,
+host-tier evictions and load-backs are frequent.
 """
 
 from __future__ import annotations
@@ -58,15 +60,17 @@ def prefix_of(cache, node: Node):
 class ClusterMachine(RuleBasedStateMachine):
     sequences = Bundle("sequences")
 
-    @initialize(routing=st.sampled_from(ROUTING), host_blocks=st.sampled_from([0, 0, 0, 4]),
+    @initialize(routing=st.sampled_from(ROUTING), host_blocks=st.sampled_from([0, 0, 0, 4, 4, 6]),
                 num_blocks=st.sampled_from([3, 4, 6]), lend_cap=st.sampled_from([0.5, 0.5, 1.0]),
                 low_watermark=st.sampled_from([0.0, 0.2]), global_index=st.booleans(),
-                store=st.sampled_from([None, "memory"]), store_blocks=st.sampled_from([None, 4]))
-    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark, global_index, store, store_blocks):
-        self.cluster = Cluster(3, num_blocks, PS, routing=routing, borrowing=True, host_blocks=host_blocks,
+                store=st.sampled_from([None, "memory"]), store_blocks=st.sampled_from([None, 4]),
+                borrowing=st.sampled_from([True, True, False]), duplicates=st.sampled_from(["move", "copy"]))
+    def setup(self, routing, host_blocks, num_blocks, lend_cap, low_watermark, global_index, store, store_blocks,
+              borrowing, duplicates):
+        self.cluster = Cluster(3, num_blocks, PS, routing=routing, borrowing=borrowing, host_blocks=host_blocks,
                                lend_cap=lend_cap, low_watermark=low_watermark, kv_shape=KV, dtype="float32",
                                global_index=global_index, store=store,
-                               store_blocks=store_blocks if store else None)
+                               store_blocks=store_blocks if store else None, duplicates=duplicates)
         self.open = []  # (instance, admission) not released yet
         self.written = set()  # (namespace, prefix) of every page whose KV was written
 
@@ -93,6 +97,9 @@ class ClusterMachine(RuleBasedStateMachine):
         if pulled:  # copied from a peer through the index: written pages, with their own bytes
             event("pulled from a peer")
             assert cluster.index is not None and cluster.last_pull.source != i
+            assert 0 <= cluster.last_pull.host_pages <= pulled
+            if cluster.last_pull.host_pages:
+                event("pulled from a peer's host tier")
             got = cluster.instances[i].cache.read(admission.new_blocks[:pulled])
             for p in range(pulled):
                 assert (namespace, tuple(tokens[: (start + p + 1) * PS])) in self.written, "pulled an unwritten page"
@@ -136,6 +143,14 @@ class ClusterMachine(RuleBasedStateMachine):
         for _ in range(n):
             self.cluster.instances[i].cache.evict(1)
             self.cluster.manager.heartbeat(i)
+
+    @rule(i=st.integers(0, 2))
+    def spill_all(self, i):
+        """Instance ``i`` evicts every page it can (to borrowed memory or its host tier, or dropped):
+        what a peer needs of it is then below its HBM."""
+        cache = self.cluster.instances[i].cache
+        cache.evict(cache.num_cached_blocks)
+        self.cluster.manager.heartbeat(i)
 
     @precondition(lambda self: self.cluster.manager.debt.any())
     @rule(pick=st.integers(0, 2), n=st.integers(1, 4))
@@ -182,7 +197,7 @@ class ClusterMachine(RuleBasedStateMachine):
             i = inst.index
             # a creditor's blocks outside its tree are exactly the ones it lends (nothing else holds any)
             assert inst.cache.num_held_blocks == m.lent(i) == int(m.debt[:, i].sum())
-            assert inst.borrowed.used == m.owed(i) == int(m.debt[i].sum())
+            assert (inst.borrowed.used if inst.borrowed is not None else 0) == m.owed(i) == int(m.debt[i].sum())
             assert m.debt[i, i] == 0
         assert m.blocks_lent >= int(m.debt.sum())
 
@@ -209,7 +224,34 @@ class ClusterMachine(RuleBasedStateMachine):
             self.cluster.check()
 
 
-ClusterMachine.TestCase.settings = settings(
-    max_examples=600 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 60,
-    stateful_step_count=40, deadline=None)
+class HostIndexMachine(ClusterMachine):
+    """The same machine with the cluster-wide index always on over host tiers, mostly without
+    borrowing (HBM spills straight to the host): pulls from a peer's host tier, host-tier
+    evictions and load-backs on every run, with the index recounted from HBM and host each step."""
+
+    @initialize(routing=st.sampled_from(("round_robin", "round_robin", *ROUTING)), host_blocks=st.sampled_from([3, 4, 6]),
+                num_blocks=st.sampled_from([3, 4]), borrowing=st.sampled_from([False, False, True]),
+                duplicates=st.sampled_from(["move", "copy"]), store=st.sampled_from([None, None, "memory"]))
+    def setup(self, routing, host_blocks, num_blocks, borrowing, duplicates, store):
+        self.cluster = Cluster(3, num_blocks, PS, routing=routing, borrowing=borrowing, host_blocks=host_blocks,
+                               kv_shape=KV, dtype="float32", global_index=True, store=store, duplicates=duplicates)
+        self.open = []
+        self.written = set()
+
+    @rule(tokens=ClusterMachine.sequences, ns_index=st.integers(0, 1), at=st.integers(0, 2), to=st.integers(1, 2))
+    def served_then_spilled_then_served_elsewhere(self, tokens, ns_index, at, to):
+        """Instance ``at`` serves ``tokens`` and spills everything, then another serves them (under round
+        robin: the instance chosen; else where the routing sends it): a pull from a host tier if
+        the other holds less of them."""
+        self._admit(tokens, ns_index, at)[1].release()
+        self.spill_all(at)
+        self.cluster.check()
+        self._admit(tokens, ns_index, (at + to) % 3)[1].release()
+
+
+for machine in (ClusterMachine, HostIndexMachine):
+    machine.TestCase.settings = settings(
+        max_examples=600 if os.environ.get("HYPOTHESIS_PROFILE") == "thorough" else 60,
+        stateful_step_count=40, deadline=None)
 TestClusterMachine = ClusterMachine.TestCase
+TestHostIndexMachine = HostIndexMachine.TestCase

@@ -162,3 +162,141 @@ def test_demote_counts_what_it_demoted_and_checks_its_arguments():
     with pytest.raises(ArgumentTypeError):
         cache.demote([1, 1], start="0")
     cache.check()
+
+
+# ---------------------------------------------------------------------- host tiers in the index
+def host_cluster(n: int = 2, num_blocks: int = 4, host_blocks: int = 8, **kw) -> Cluster:
+    return Cluster(n, num_blocks=num_blocks, page_size=PS, host_blocks=host_blocks, global_index=True,
+                   kv_shape=KV, dtype="float32", **kw)
+
+
+def spill(cluster: Cluster, i: int, pages: int) -> None:
+    """Instance ``i`` evicts ``pages`` pages from HBM (write-back: to its host tier)."""
+    assert cluster.instances[i].cache.evict(pages) == pages
+    cluster.check()
+
+
+def test_a_page_only_in_a_peers_host_tier_is_pulled_with_its_bytes():
+    cluster = host_cluster()
+    first = [1, 1, 2, 2, 3, 3]
+    assert serve(cluster, first)[0] == 0
+    spill(cluster, 0, 3)  # instance 0 holds the three pages in its host tier only
+    a = cluster.instances[0].cache
+    assert a.num_cached_blocks == 0 and a.tier_stats().pages_by_tier["host"] == 3
+    assert len(cluster.index) == 0 and cluster.index.lower_pages == 3
+    assert cluster.index.lower_pages_by_instance() == [3, 0]
+    i, adm = serve(cluster, first + [4, 4])  # instance 1
+    assert i == 1 and adm.hit_tokens == 0
+    assert cluster.last_pull == type(cluster.last_pull)(3, 0, 3)  # 3 pages, from 0, all from its host
+    np.testing.assert_array_equal(cluster.instances[1].cache.read(adm.new_blocks[:3]), payload(first, 0, 3))
+    assert a.tier_stats().pages_by_tier["host"] == 3  # a pull copies: the source keeps its copies (ranked last)
+    assert cluster.index.pages_by_instance() == [0, 4] and cluster.index.lower_pages_by_instance() == [3, 0]
+
+
+def test_a_pull_reads_the_peers_hbm_first_then_its_host_copies():
+    cluster = host_cluster()
+    first = [1, 1, 2, 2, 3, 3]
+    serve(cluster, first)
+    spill(cluster, 0, 2)  # page 0 stays in HBM, pages 1-2 go to the host
+    i, adm = serve(cluster, first)
+    assert i == 1 and cluster.last_pull == type(cluster.last_pull)(3, 0, 2)
+    np.testing.assert_array_equal(cluster.instances[1].cache.read(adm.new_blocks[:3]), payload(first, 0, 3))
+
+
+def test_a_corrupt_host_copy_is_never_pulled():
+    """The peer's host copy failed its checksum: the pull stops before it (the page is computed)."""
+    cluster = host_cluster()
+    first = [1, 1, 2, 2, 3, 3]
+    serve(cluster, first)
+    spill(cluster, 0, 3)
+    host = cluster.instances[0].cache.tiers[0]
+    copies = [n for n in cluster.instances[0].cache._stack.tree.nodes() if n.ext is not None]
+    deepest = max(copies, key=lambda n: n.end)
+    host.data[deepest.ext.slots[-1]] += 1.0  # page 2's bytes change under its checksum
+    i, adm = serve(cluster, first + [4, 4])
+    assert cluster.last_pull.pages == 2 and cluster.last_pull.host_pages == 2
+    np.testing.assert_array_equal(cluster.instances[1].cache.read(adm.new_blocks[:2]), payload(first, 0, 2))
+
+
+def test_hbm_is_preferred_over_a_host_copy():
+    cluster = host_cluster(3)
+    first = [1, 1, 2, 2]
+    serve(cluster, first)  # instance 0
+    spill(cluster, 0, 2)
+    serve(cluster, first)  # instance 1 pulls from 0's host: it holds them in HBM now
+    assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+    serve(cluster, first)  # instance 2: 0 holds them in host, 1 in HBM
+    assert cluster.last_pull == type(cluster.last_pull)(2, 1, 0)
+
+
+def test_host_pages_never_cross_namespaces():
+    cluster = host_cluster(3)
+    serve(cluster, [1, 1, 2, 2], namespace="a")  # instance 0
+    spill(cluster, 0, 2)
+    serve(cluster, [1, 1, 2, 2], namespace="b")  # instance 1: another namespace's pages are no hit
+    assert cluster.last_pull.pages == 0
+    serve(cluster, [1, 1, 2, 2, 3, 3], namespace="a")  # instance 2
+    assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+
+
+def test_the_host_index_follows_load_backs_host_evictions_crashes_and_resets():
+    cluster = host_cluster(2, num_blocks=4, host_blocks=4)
+    serve(cluster, [1, 1, 2, 2, 3, 3])  # instance 0
+    spill(cluster, 0, 3)
+    cluster._next = 0
+    serve(cluster, [1, 1, 2, 2, 3, 3])  # instance 0 loads its host copies back: promoted to HBM
+    assert cluster.last_pull.pages == 0 and cluster.index.lower_pages == 0 and len(cluster.index) == 3
+    spill(cluster, 0, 3)
+    cluster._next = 0
+    serve(cluster, [5, 5, 6, 6, 7, 7])
+    spill(cluster, 0, 3)  # the host (4 pages) drops the older chain's deepest pages to take these
+    assert cluster.index.lower_pages == 4
+    assert cluster.index.lower_pages_by_instance() == [4, 0]
+    cluster.crash(0)
+    cluster.check()
+    assert cluster.index.lower_pages == 0 and len(cluster.index) == 0
+    serve(cluster, [1, 1, 2, 2])  # instance 1
+    spill(cluster, 1, 2)
+    cluster.instances[1].cache.reset()
+    cluster.check()
+    assert cluster.index.lower_pages == 0
+
+
+def test_replay_charges_a_host_pull_the_peers_pcie_read_and_the_network_hop():
+    first = Request(tokens=list(range(12)))
+    cluster = Cluster(2, num_blocks=8, page_size=4, host_blocks=8, global_index=True)
+    cluster.replay([first])  # instance 0
+    assert cluster.instances[0].cache.evict(3) == 3
+    result = cluster.replay([Request(tokens=list(range(16)))])  # instance 1 pulls 0's host copies
+    cost = cluster.instances[1].cache.cost_model
+    assert cost.tier_paths["peer_host"] == ("pcie", "network")
+    assert result.pages_pulled == 3 and result.peer_hit_tokens == 12 == result.peer_host_hit_tokens
+    assert result.hit_tokens_by_tier["peer"] == 12 and result.hit_tokens == 12
+    charged = cost.transfer_seconds("peer_host", 3 * cost.page_bytes)
+    assert result.peer_transfer_seconds == pytest.approx(charged)
+    assert charged > cost.transfer_seconds("peer", 3 * cost.page_bytes)  # the PCIe read is charged too
+    assert result.ttft_saving_seconds == pytest.approx(cost.recompute_seconds(0, 12) - charged)
+    assert result.index_host_pages == 3
+
+
+def test_a_move_from_a_host_tier_ranks_the_source_copy_next_to_go():
+    """duplicates="move" with a host-tier source: the host copies pulled become its next victims there;
+    "copy" leaves them ranked as they were (the older chain goes first)."""
+    for duplicates, pulled_goes_first in (("move", True), ("copy", False)):
+        cluster = host_cluster(2, num_blocks=4, host_blocks=4, duplicates=duplicates)
+        old, new = [6, 6, 7, 7], [1, 1, 2, 2]
+        for tokens in (old, new):
+            cluster._next = 0
+            serve(cluster, tokens)
+            spill(cluster, 0, 2)  # instance 0's host: old, then new
+        cluster._next = 1
+        serve(cluster, new + [3, 3])  # instance 1 pulls new from 0's host
+        assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+        cluster._next = 0
+        serve(cluster, [8, 8, 9, 9])
+        spill(cluster, 0, 2)  # the host makes room for two pages
+        host_keys = cluster.index._lower
+        keys_new = cluster.index.request_keys(new).tolist()
+        keys_old = cluster.index.request_keys(old).tolist()
+        assert all(k not in host_keys for k in (keys_new if pulled_goes_first else keys_old)), duplicates
+        assert all(k in host_keys for k in (keys_old if pulled_goes_first else keys_new)), duplicates
