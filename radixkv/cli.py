@@ -859,6 +859,41 @@ def plot_cmd(results, output, title, policy_list, over_time) -> None:
     click.echo(f"wrote {output}")
 
 
+@main.command("analyze")
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
+@page_size_option
+@output_options
+@limit_option("Analyze")
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Also draw the distributions (PNG, PDF or SVG by the extension).")
+@tokenizer_option
+@user_errors
+def analyze_cmd(trace, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad, plot_path, tokenizer_path) -> None:
+    """Describe TRACE before any cache: prompt and output lengths, the reuse distance of every page
+    (the LRU stack distance: a re-use at distance d hits in an LRU cache of more than d pages), page
+    popularity with a Zipf fit, the prefix each request shares with earlier ones, and the request
+    rate. --json prints one object."""
+    from .analysis.profile import plot_profile, profile, profile_rows
+
+    out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    result = profile(reader, page_size, mooncake=reader.format == "mooncake")
+    if out_fmt == "json":
+        click.echo(to_json({"trace": trace, **result.as_dict(), "skipped_lines": reader.skipped}))
+    else:
+        show(profile_rows(result), ["metric", "value"], out_fmt, columns)
+    if plot_path:
+        try:
+            written = plot_profile(result, f"{os.path.basename(trace)} \u00b7 page {page_size}",
+                                   output_file("--plot", plot_path))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"wrote {written}", err=out_fmt == "json")
+    if reader.skipped and out_fmt != "json":
+        click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
 @main.command("gen")
 @click.argument("kind")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same trace).")
