@@ -18,6 +18,7 @@ from vllm.v1.kv_offload.base import Medium
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
 from radixkv.adapters.vllm import RadixKVTier
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
 
 from .harness import (BLOCK_SIZE, Engine, block_bytes, make_request, offload_keys, probe, prompt_hashes,
                       tier_config, wait_io)
@@ -61,6 +62,16 @@ def test_vllm_builds_the_tier_from_the_config_string_alone(memory_url, engines):
     assert type(engine.tier) is RadixKVTier and engine.tier.medium is Medium.STORAGE
     assert engine.tier.core.store.backend.url == memory_url and engine.tier.core.namespace == "llama-3-8b"
     assert engine.tier.block_size_bytes == engine.row_bytes
+
+
+@pytest.mark.parametrize("entry, error", [({"namespce": "m"}, ArgumentTypeError), ({"namespace": ""}, ArgumentTypeError),
+                                          ({"store": "ftp://x"}, ArgumentValueError),
+                                          ({"locality": "moon"}, ArgumentValueError)])
+def test_a_bad_tier_config_is_a_typed_error(memory_url, entry, error):
+    extra = tier_config(memory_url, "m")
+    extra["secondary_tiers"][0].update(entry)
+    with pytest.raises(error, match="|".join(entry)):
+        Engine("bad", extra)
 
 
 @pytest.mark.parametrize("asynchronous", [True, False], ids=["AsyncScheduler", "Scheduler"])

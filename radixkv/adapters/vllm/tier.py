@@ -128,7 +128,10 @@ class RadixKVTier(SecondaryTierManager):
                  store: Optional[str] = None, namespace: Optional[str] = None, io_threads: int = 2,
                  answer_ttl: float = 1.0, timeout: float = 0.25, locality: Optional[str] = None,
                  enable_kv_events: bool = True,
-                 backpressure_detector: Optional["BackpressureDetector"] = None) -> None:
+                 backpressure_detector: Optional["BackpressureDetector"] = None, **unknown: Any) -> None:
+        if unknown:  # a misspelt key in the tier's config entry: say which, before anything is opened
+            raise ArgumentTypeError(f"RadixKVTier got unknown config keys {sorted(unknown)}; it takes store, "
+                                    "namespace, io_threads, answer_ttl, timeout, locality, enable_kv_events")
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view, tier_type=tier_type,
                          backpressure_detector=backpressure_detector)
         if not isinstance(store, str) or not store:
