@@ -894,6 +894,36 @@ def analyze_cmd(trace, page_size, fmt, trace_fmt, as_json, columns, limit, skip_
         click.echo(f"skipped {reader.skipped} malformed lines", err=True)
 
 
+@main.command("convert")
+@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--to", "to", required=True, type=click.Choice(["mooncake", "tokens"]),
+              help="mooncake: hash_ids of 512-token blocks (replayable on a real engine's Mooncake loader); "
+                   "tokens: token JSONL.")
+@click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False, allow_dash=True),
+              help="File to write ('-': stdout).")
+@click.option("--trace-format", "trace_fmt", type=click.Choice(TRACE_FORMATS), default=None,
+              help="Trace format (default: detect).")
+@limit_option("Convert")
+@click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
+@tokenizer_option
+@user_errors
+def convert_cmd(trace, to, output, trace_fmt, limit, skip_bad, tokenizer_path) -> None:
+    """Write TRACE (token, Mooncake or ShareGPT) as Mooncake JSONL or token JSONL, so the same workload
+    replays on a real engine. Mooncake ids are dense, one per distinct (prefix, 512-token block):
+    replayed at page size 512 the converted trace hits exactly where TRACE does."""
+    from .workload.convert import convert
+
+    reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    if output == "-":  # a reader that stops early (`| head`) ends the command quietly: user_errors
+        count = convert(reader, to, sys.stdout)
+        sys.stdout.flush()
+    else:
+        count = convert(reader, to, output_file("--output", output))
+        click.echo(f"wrote {count:,} requests to {output}", err=True)
+    if reader.skipped:
+        click.echo(f"skipped {reader.skipped} malformed lines", err=True)
+
+
 @main.command("gen")
 @click.argument("kind")
 @click.option("--seed", default=0, show_default=True, type=int, help="Random seed (same seed, same trace).")
