@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sys
 import warnings
@@ -29,8 +30,8 @@ from .workload.tracefiles import replacing
 from .workload.traces import Request
 from .analysis.stats import MISS_REASONS
 from .workload.limits import (MAX_CAPACITY_BLOCKS, MAX_CLUSTER_BLOCKS, MAX_HELD_REQUESTS, MAX_HELD_TOKENS,
-                              MAX_INSTANCES, MAX_JOBS, MAX_PAGE_SIZE, MAX_REMOTE_HOSTS, MAX_REQUESTS, MAX_TENANTS,
-                              check_at_most, spell)
+                              MAX_INSTANCES, MAX_ITEMS, MAX_JOBS, MAX_PAGE_SIZE, MAX_REMOTE_HOSTS, MAX_REQUESTS,
+                              MAX_TENANTS, check_at_most, spell)
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""
@@ -153,12 +154,52 @@ def tokenizer_option(fn: Callable) -> Callable:
                              "(pip install 'radixkv[tokenizers]'); default: the built-in tokenizer.")(fn)
 
 
+SHAREGPT_META = "radixkv.sharegpt"
+"""Where ``--sessions`` and ``--request-rate`` keep their values in the click context (:func:`sharegpt_shape`)."""
+
+
+def sharegpt_options(fn: Callable) -> Callable:
+    """``--sessions N`` and ``--request-rate R``: how a ShareGPT trace's conversations interleave
+    (:func:`radixkv.workload.sharegpt.load_sharegpt`). They reach :func:`cli_trace` through the
+    context, so a command's signature does not change."""
+    def keep(check: Callable) -> Callable:
+        def callback(ctx, param, value):
+            value = check(ctx, param, value)
+            if value is not None:
+                ctx.meta.setdefault(SHAREGPT_META, {})[param.name] = value
+            return value
+        return callback
+
+    def rate(ctx, param, value):
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise click.BadParameter(f"must be finite and > 0, got {value!r}")
+        return value
+
+    fn = click.option("--request-rate", "request_rate", type=float, default=None, expose_value=False,
+                      callback=keep(rate), help="ShareGPT: requests per second of the synthetic arrival times "
+                                                "(default 1).")(fn)
+    return click.option("--sessions", "num_sessions", type=int, default=None, expose_value=False,
+                        callback=keep(bounded(MAX_ITEMS)),
+                        help=f"ShareGPT: conversations open at once, their turns interleaved round robin "
+                             f"(default 16; at most {spell(MAX_ITEMS)}).")(fn)
+
+
+def sharegpt_shape() -> dict:
+    """The ``--sessions`` / ``--request-rate`` given to the running command, as ``open_trace`` keywords."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get(SHAREGPT_META, {})) if ctx is not None else {}
+
+
 def cli_trace(trace: str, trace_fmt: Optional[str], limit: Optional[int], skip_bad: bool,
               tokenizer_path: Optional[str] = None):
-    """:func:`open_trace` for a command, with ``--tokenizer`` loaded (its errors name the flag, and a
-    file that cannot be read names TRACE)."""
+    """:func:`open_trace` for a command, with ``--tokenizer``, ``--sessions`` and ``--request-rate``
+    (their errors name the flag, and a file that cannot be read names TRACE)."""
+    shape = sharegpt_shape()
     with naming("TRACE", trace):
-        reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad)
+        reader = open_trace(trace, trace_fmt, limit=limit, skip_bad=skip_bad, **shape)
+    if shape and reader.format != "sharegpt":
+        flags = " and ".join({"num_sessions": "--sessions", "request_rate": "--request-rate"}[k] for k in shape)
+        raise ArgumentValueError(f"{flags} shape ShareGPT conversations; {trace} is a {reader.format} trace")
     if tokenizer_path is None:
         return reader
     if reader.format != "sharegpt":
@@ -167,7 +208,7 @@ def cli_trace(trace: str, trace_fmt: Optional[str], limit: Optional[int], skip_b
     from .workload.hf_tokenizer import load_tokenizer
 
     return open_trace(reader.path, reader.format, limit=limit, skip_bad=skip_bad,
-                      tokenizer=load_tokenizer(tokenizer_path, "--tokenizer"))
+                      tokenizer=load_tokenizer(tokenizer_path, "--tokenizer"), **shape)
 
 
 def capacity_options(what: str) -> Callable:
@@ -447,6 +488,7 @@ def main() -> None:
 @click.option("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
               help="With --kv-events-endpoint: answer vLLM-style replay requests here.")
 @tokenizer_option
+@sharegpt_options
 @cost_options
 @user_errors
 def replay_cmd(trace, policy, page_size, num_blocks, max_total_tokens, kv_cache_memory, fmt, trace_fmt, as_json,
@@ -736,10 +778,11 @@ def cli_capacities(text: str, trace, page_size: int, model: Optional[str]) -> li
               help="Write one JSON line per (policy, capacity) to this file.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @tokenizer_option
+@sharegpt_options
 @cost_options
 @user_errors
-def sweep_cmd(trace, policy_list, capacities, warmup, interval, policy_params, jobs, page_size, fmt, trace_fmt, as_json, columns, limit,
-              skip_bad, output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
+def sweep_cmd(trace, policy_list, capacities, warmup, interval, policy_params, jobs, page_size, fmt, trace_fmt,
+              as_json, columns, limit, skip_bad, output, quiet, tokenizer_path, model, hardware, miss_reasons) -> None:
     """Replay TRACE once per (policy, capacity) pair, in parallel with --jobs, and print a table
     (and --output JSONL, one line per pair)."""
     from .analysis.sweep import AUTO_CAPACITIES, SweepJob, parse_policies, run_sweep, sweep_cost
@@ -755,7 +798,8 @@ def sweep_cmd(trace, policy_list, capacities, warmup, interval, policy_params, j
         caps = sorted(set(caps)) if auto else caps
     jobs_list = [SweepJob(reader.path, p, c, page_size=page_size, format=trace_fmt, limit=limit, skip_bad=skip_bad,
                           model=model, hardware=hardware, miss_reasons=miss_reasons, tokenizer=tokenizer_path,
-                          warmup=warmup, interval=interval or 0, policy_params=params.get(p, ()))
+                          warmup=warmup, interval=interval or 0, policy_params=params.get(p, ()),
+                          **sharegpt_shape())
                  for p in names for c in caps]
     # The bar counts LRU-replay equivalents, so a Belady run moves it as far as it takes time.
     with progress(round(sweep_cost(jobs_list), 1), quiet, "sweep", unit="LRU run") as bar:
@@ -788,6 +832,7 @@ def sweep_cmd(trace, policy_list, capacities, warmup, interval, policy_params, j
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, type=click.Choice(sorted(MODELS)),
               help="Model whose KV bytes size the GiB column.")
 @tokenizer_option
+@sharegpt_options
 @user_errors
 def curve_cmd(trace, page_size, capacities, fmt, trace_fmt, as_json, columns, limit, warmup, skip_bad, quiet,
               model, tokenizer_path) -> None:
@@ -868,6 +913,7 @@ def plot_cmd(results, output, title, policy_list, over_time) -> None:
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), metavar="FILE",
               help="Also draw the distributions (PNG, PDF or SVG by the extension).")
 @tokenizer_option
+@sharegpt_options
 @user_errors
 def analyze_cmd(trace, page_size, fmt, trace_fmt, as_json, columns, limit, skip_bad, plot_path, tokenizer_path) -> None:
     """Describe TRACE before any cache: prompt and output lengths, the reuse distance of every page
@@ -906,6 +952,7 @@ def analyze_cmd(trace, page_size, fmt, trace_fmt, as_json, columns, limit, skip_
 @limit_option("Convert")
 @click.option("--skip-bad", is_flag=True, help="Skip and count malformed lines instead of stopping.")
 @tokenizer_option
+@sharegpt_options
 @user_errors
 def convert_cmd(trace, to, output, trace_fmt, limit, skip_bad, tokenizer_path) -> None:
     """Write TRACE (token, Mooncake or ShareGPT) as Mooncake JSONL or token JSONL, so the same workload
@@ -1000,6 +1047,7 @@ def gen_params(params: tuple, flag: str = "--param") -> dict:
               help=f"HBM capacity in blocks (default: the whole trace, nothing evicted; at most {CAPACITY_BOUND}).")
 @click.option("--json", "as_json", is_flag=True, help="Only the JSON line.")
 @click.option("--quiet", is_flag=True, help="Same as --json: only the JSON line.")
+@sharegpt_options
 @user_errors
 def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacker, page_size, num_blocks, as_json,
                quiet) -> None:
@@ -1020,7 +1068,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
         if params:
             raise ArgumentValueError("--param applies to the generated workload, not to a trace file")
         with naming("--workload", workload):
-            requests, source = held(open_trace(workload), workload), workload
+            requests, source = held(open_trace(workload, **sharegpt_shape()), workload), workload
     result = attack(requests, sharing=sharing, page_size=page_size, num_blocks=num_blocks, attacker=attacker,
                     **options).as_dict()
     if not (as_json or quiet):
@@ -1082,6 +1130,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @records_option
 @tokenizer_option
+@sharegpt_options
 @cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, event_faults,

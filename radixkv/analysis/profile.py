@@ -175,7 +175,7 @@ def compact(value: int) -> str:
 def profile_rows(p: TraceProfile) -> List[dict]:
     """The profile as ``{"metric", "value"}`` rows for a table, values as text. O(buckets)."""
     def dist(d: Dict[str, float]) -> str:
-        return f"mean {d['mean']:,.0f}, p50 {d['p50']:,.0f}, p90 {d['p90']:,.0f}, p99 {d['p99']:,.0f}, max {d['max']:,.0f}"
+        return ", ".join(f"{k} {d[k]:,.0f}" for k in ("mean", "p50", "p90", "p99", "max"))
 
     reused = p.page_references - p.first_references
     rows = [("requests", f"{p.requests:,} ({p.prompt_tokens:,} prompt tokens, page {p.page_size})"),

@@ -62,13 +62,22 @@ class SweepJob:
     """Requests replayed before counting begins (:func:`radixkv.analysis.replay.replay`)."""
     policy_params: Tuple[Tuple[str, object], ...] = ()
     """Constructor arguments of the policy (:class:`radixkv.policies.PolicySpec`)."""
+    num_sessions: int = 16
+    request_rate: float = 1.0
+    """How a ShareGPT trace's conversations interleave (:func:`radixkv.workload.sharegpt.load_sharegpt`)."""
     interval: int = 0
     """Requests per window of the hit rate over time (:class:`radixkv.analysis.replay.Windows`); 0: none."""
 
 
+def job_trace(job: SweepJob):
+    """The trace a job reads, opened as the command opened it. O(1) until iterated."""
+    return open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer,
+                      num_sessions=job.num_sessions, request_rate=job.request_rate)
+
+
 def run_job(job: SweepJob) -> dict:
     """Replay one job; the :class:`~radixkv.analysis.replay.ReplayResult` as a dict plus ``trace`` and ``skipped_lines``."""
-    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
+    trace = job_trace(job)
     policy = policies.PolicySpec(job.policy, job.policy_params) if job.policy_params else job.policy
     cache = PrefixCache(num_blocks=job.num_blocks, page_size=job.page_size, policy=policy)
     result = replay(trace, cache, miss_reasons=job.miss_reasons, model=job.model, hardware=job.hardware,
@@ -132,7 +141,7 @@ def lru_rows(jobs: Sequence[SweepJob]) -> List[dict]:
     k = len(caps)
     costs = CostModel(get_model(job.model), get_hardware(job.hardware), ps)
     model = costs.model
-    trace = open_trace(job.trace, job.format, limit=job.limit, skip_bad=job.skip_bad, tokenizer=job.tokenizer)
+    trace = job_trace(job)
     stack = LruStackDistances(ps)
     hit_pages, hit_requests, admitted, first_sight, evicted_miss = (np.zeros(k, dtype=np.int64) for _ in range(5))
     flops, ttft = [0] * k, [0.0] * k
