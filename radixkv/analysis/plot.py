@@ -217,6 +217,41 @@ def comparison(series: Dict[str, List[Tuple[int, float]]]) -> Tuple[str, Dict[st
     return (label, out) if out else ("", {})
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display).
+
+    Raises:
+        RuntimeError: matplotlib (the ``plot`` extra) is missing.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("radixkv plot needs matplotlib: pip install 'radixkv[plot]'") from None
+    return plt
+
+
+def legend_height(entries: int, ncols: int) -> float:
+    """Inches a legend of ``entries`` under ``ncols`` columns of panels takes: rows of 3 a column."""
+    return 0.13 * -(-entries // (3 * ncols)) + 0.08
+
+
+def finish(fig, handles: dict, title: str, ncols: int, out: str) -> None:
+    """Put one legend under the panels and the wrapped ``title`` above, fit the panels between, and
+    write ``out`` (PNG at 300 dpi, or PDF / SVG by the extension; its folder made); close ``fig``."""
+    import matplotlib.pyplot as plt
+
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3 * ncols, frameon=False,
+               bbox_to_anchor=(0.5, 0.0), handlelength=2.6, columnspacing=1.0)
+    fig.suptitle(textwrap.fill(title, 60 * ncols), fontsize=7)
+    fig.tight_layout(rect=(0, legend_height(len(handles), ncols) / fig.get_figheight(), 1, 1), h_pad=0.4)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=300)
+    plt.close(fig)
+
+
 def capacity_ticks(rows: List[dict], log_x: bool) -> List[int]:
     """The capacities run (not a curve's grid) as x ticks, when there are at most
     :data:`MAX_CAPACITY_TICKS` and no two would print on each other (a factor 1.4 apart on a log
@@ -256,14 +291,9 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
         RuntimeError: matplotlib (the ``plot`` extra) is missing.
         ArgumentValueError: ``policies`` names a policy the rows do not have.
     """
-    try:
-        import matplotlib
+    plt = pyplot()
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator, PercentFormatter
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator, PercentFormatter
-    except ImportError:
-        raise RuntimeError("radixkv plot needs matplotlib: pip install 'radixkv[plot]'") from None
     if policies is not None:
         rows = select_policies(rows, policies)
     rows = [{**row, "capacity_tokens": row["num_blocks"] * int(row.get("page_size") or 1)} for row in rows]
@@ -273,7 +303,7 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
     has_second = any(second for _, _, second in panels.values())
     nrows, ncols = 1 + has_second, len(groups)
     entries = len({name for series, _, second in panels.values() for name in [*series, *second]}) + 1
-    legend_inches = 0.13 * -(-entries // (3 * ncols)) + 0.08  # rows of 3 entries a column
+    legend_inches = legend_height(entries, ncols)
     with plt.rc_context({"font.size": 7, "axes.titlesize": 7, "legend.fontsize": 6.5, "axes.linewidth": 0.6,
                          "xtick.major.width": 0.6, "ytick.major.width": 0.6}):
         fig, axes = plt.subplots(nrows, ncols, figsize=(COLUMN_INCHES * ncols, 1.9 * nrows + legend_inches + 0.45),
@@ -343,15 +373,7 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
             sec.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
             sec.xaxis.set_minor_formatter(NullFormatter())  # log minor labels would print over each other
             sec.tick_params(labelsize=6)
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3 * ncols, frameon=False,
-                   bbox_to_anchor=(0.5, 0.0), handlelength=2.6, columnspacing=1.0)
-        heading = title or default_title(rows)
-        fig.suptitle(textwrap.fill(heading, 60 * ncols), fontsize=7)
-        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1), h_pad=0.4)
-        directory = os.path.dirname(os.path.abspath(out))
-        os.makedirs(directory, exist_ok=True)
-        fig.savefig(out, dpi=300)
-        plt.close(fig)
+        finish(fig, handles, title or default_title(rows), ncols, out)
     return out
 
 
@@ -373,14 +395,9 @@ def plot_over_time(rows: List[dict], out: str, title: str = "", policies: Option
         RuntimeError: matplotlib (the ``plot`` extra) is missing.
         ArgumentValueError: no row has intervals, or ``policies`` names one the rows lack.
     """
-    try:
-        import matplotlib
+    plt = pyplot()
+    from matplotlib.ticker import PercentFormatter
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import PercentFormatter
-    except ImportError:
-        raise RuntimeError("radixkv plot needs matplotlib: pip install 'radixkv[plot]'") from None
     if policies is not None:
         rows = select_policies(rows, policies)
     rows = [row for row in rows if row.get("intervals")]
@@ -410,12 +427,5 @@ def plot_over_time(rows: List[dict], out: str, title: str = "", policies: Option
         top = max(w["token_hit_rate"] for row in rows for w in row["intervals"])
         axes[0, 0].set_ylim(0, top * 1.08 or 1.0)  # shared by every panel: after all lines are drawn
         axes[-1, 0].set_xlabel("requests replayed")
-        legend_inches = 0.13 * -(-len(handles) // 3) + 0.08
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, frameon=False,
-                   bbox_to_anchor=(0.5, 0.0), handlelength=2.6)
-        fig.suptitle(textwrap.fill(title or default_title(rows), 60), fontsize=7)
-        fig.tight_layout(rect=(0, legend_inches / fig.get_figheight(), 1, 1), h_pad=0.4)
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        fig.savefig(out, dpi=300)
-        plt.close(fig)
+        finish(fig, handles, title or default_title(rows), 1, out)
     return out

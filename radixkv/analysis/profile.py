@@ -201,18 +201,13 @@ def plot_profile(p: TraceProfile, counts_title: str, out: str) -> str:
     Raises:
         RuntimeError: matplotlib (the ``plot`` extra) is missing.
     """
-    try:
-        import matplotlib
+    from .plot import COLUMN_INCHES, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter
-    except ImportError:
-        raise RuntimeError("radixkv analyze --plot needs matplotlib: pip install 'radixkv[plot]'") from None
+    plt = pyplot()
     import os
     import textwrap
 
-    from .plot import COLUMN_INCHES
+    from matplotlib.ticker import FuncFormatter
 
     with plt.rc_context({"font.size": 6.5, "axes.linewidth": 0.6}):
         fig, axes = plt.subplots(2, 2, figsize=(COLUMN_INCHES, 3.0))

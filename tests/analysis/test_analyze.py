@@ -13,7 +13,7 @@ from radixkv.analysis.sweep import trace_curve
 from radixkv.workload.sources import open_trace
 from radixkv.workload.traces import Request
 
-from ..shared_traces import CONVERSATION
+from ..shared_traces import conversation_head
 from .test_tool_cli import WIDTH, fails, ok
 
 
@@ -36,10 +36,7 @@ def test_zipf_fit_recovers_the_exponent():
 
 @pytest.fixture(scope="module")
 def conv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("traces") / "conv400.jsonl"
-    with open(CONVERSATION) as src:
-        path.write_text("".join(next(src) for _ in range(400)))
-    return str(path)
+    return conversation_head(tmp_path_factory.mktemp("traces"), 400)
 
 
 def test_analyze_agrees_with_the_curve_and_fits_the_terminal(conv, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from radixkv.cli import main
 from radixkv.errors import MissingExtraError
 
-from ..shared_traces import CONVERSATION
+from ..shared_traces import conversation_head
 from .test_tool_cli import fails, ok, run
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -22,10 +22,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
-    path = tmp_path_factory.mktemp("traces") / "conv200.jsonl"
-    with open(CONVERSATION) as src:
-        path.write_text("".join(next(src) for _ in range(200)))
-    return path
+    return conversation_head(tmp_path_factory.mktemp("traces"), 200)
 
 
 @pytest.mark.parametrize("args", [

@@ -12,16 +12,13 @@ from radixkv.analysis.replay import replay
 from radixkv.analysis.sweep import SweepJob, lru_rows, run_job
 from radixkv.workload.sources import open_trace
 
-from ..shared_traces import CONVERSATION
+from ..shared_traces import conversation_head
 from .test_tool_cli import fails, ok
 
 
 @pytest.fixture(scope="module")
 def conv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("traces") / "conv500.jsonl"
-    with open(CONVERSATION) as src:
-        path.write_text("".join(next(src) for _ in range(500)))
-    return str(path)
+    return conversation_head(tmp_path_factory.mktemp("traces"), 500)
 
 
 def test_windows_are_the_records_summed_window_by_window(conv):

@@ -13,7 +13,7 @@ from radixkv import PrefixCache, policies
 from radixkv.analysis.replay import replay
 from radixkv.workload.sources import open_trace
 
-from ..shared_traces import CONVERSATION
+from ..shared_traces import conversation_head
 from .test_tool_cli import fails, ok
 
 MRU = '''
@@ -35,10 +35,7 @@ class MRU(EvictionPolicy):
 
 @pytest.fixture(scope="module")
 def conv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("traces") / "conv300.jsonl"
-    with open(CONVERSATION) as src:
-        path.write_text("".join(next(src) for _ in range(300)))
-    return str(path)
+    return conversation_head(tmp_path_factory.mktemp("traces"), 300)
 
 
 @pytest.fixture

@@ -12,16 +12,13 @@ from radixkv.analysis.sweep import (CURVE_COST, RELATIVE_COST, SweepJob, lru_row
                                     sweep_cost)
 from radixkv.cli import available_cpus
 
-from ..shared_traces import CONVERSATION
+from ..shared_traces import conversation_head
 from .test_tool_cli import ok
 
 
 @pytest.fixture(scope="module")
 def conv(tmp_path_factory):
-    path = tmp_path_factory.mktemp("traces") / "conv800.jsonl"
-    with open(CONVERSATION) as src:
-        path.write_text("".join(next(src) for _ in range(800)))
-    return str(path)
+    return conversation_head(tmp_path_factory.mktemp("traces"), 800)
 
 
 def without_wall(row):
