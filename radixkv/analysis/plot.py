@@ -263,8 +263,9 @@ def capacity_ticks(rows: List[dict], log_x: bool) -> List[int]:
     return [] if close else caps
 
 
-def _tokens(value: float, _pos: object = None) -> str:
-    """A capacity tick: ``9.8k``, ``157k``, ``1.2M``."""
+def compact(value: float, _pos: object = None) -> str:
+    """A count in two or three digits and a suffix, ``9.8k``, ``157k``, ``1.2M``, ``63``: capacity
+    ticks, and analyze's buckets (``_pos``: matplotlib's formatter argument)."""
     for unit, scale in (("M", 1e6), ("k", 1e3)):
         if value >= scale:
             v = value / scale
@@ -362,7 +363,7 @@ def plot_results(rows: List[dict], out: str, title: str = "", ceiling: Optional[
                 if ticks:
                     ax.xaxis.set_major_locator(FixedLocator(ticks))
                     ax.xaxis.set_minor_locator(NullLocator())
-                ax.xaxis.set_major_formatter(FuncFormatter(_tokens))
+                ax.xaxis.set_major_formatter(FuncFormatter(compact))
         for ax in axes[-1]:
             ax.set_xlabel("capacity (tokens)" if in_tokens else "capacity (blocks)")
         for top, ticks in zip(axes[0], column_ticks) if gib else ():  # after the x scale: it resets these

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ArgumentValueError
 from ..workload.traces import Request
 from .curve import LruStackDistances
+from .plot import compact
 from .sweep import _page_ids
 
 RATE_WINDOW_SECONDS = 60.0
@@ -161,15 +162,6 @@ def profile(requests: Iterable[Request], page_size: int, *, mooncake: bool = Fal
         requests_sharing=sum(s > 0 for s in shared) / len(shared) if shared else 0.0,
         duration_seconds=float(duration), request_rate=(len(stamps) - 1) / duration if duration > 0 else 0.0,
         peak_request_rate=peak)
-
-
-def compact(value: int) -> str:
-    """``8.4M``, ``131k``, ``63``: a count in at most 4 characters and a suffix."""
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            v = value / scale
-            return f"{v:.2g}{unit}" if v < 10 else f"{v:.0f}{unit}"
-    return str(value)
 
 
 def profile_rows(p: TraceProfile) -> List[dict]:
