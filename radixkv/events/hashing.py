@@ -298,15 +298,23 @@ def _chain_sha256_pickle(page_tokens: np.ndarray, parent: BlockHash, first_page:
     return out
 
 
+def external_block_hash_array(block_hashes: List[BlockHash]) -> Optional[np.ndarray]:
+    """:func:`external_block_hash` of many 32-byte hashes as one uint64 array (one numpy pass), or
+    ``None`` when they are not all 32 bytes long (a custom hash function)."""
+    joined = b"".join(block_hashes)
+    if len(joined) != 32 * len(block_hashes):
+        return None
+    return np.frombuffer(joined, dtype=">u8").reshape(-1, 4)[:, 3].astype(np.uint64)
+
+
 def external_block_hashes(block_hashes: List[BlockHash]) -> List[int]:
     """:func:`external_block_hash` of many hashes at once (one numpy pass)."""
     if not block_hashes:
         return []
-    joined = b"".join(block_hashes)
-    if len(joined) != 32 * len(block_hashes):  # not all SHA-256 digests (a custom hash function)
+    words = external_block_hash_array(block_hashes)
+    if words is None:
         return [external_block_hash(h) for h in block_hashes]
-    words = np.frombuffer(joined, dtype=">u8").reshape(-1, 4)
-    return words[:, 3].tolist()
+    return words.tolist()
 
 
 class BlockHasher:
@@ -418,6 +426,6 @@ class BlockHasher:
 
 __all__ = [
     "BlockHash", "BlockHasher", "CACHE_SALT_TAG", "DEFAULT_HASH_FN", "DEFAULT_HASH_SEED", "HASH_FUNCTIONS", "cbor_dumps",
-    "external_block_hash", "external_block_hashes", "hash_block_tokens", "namespace_extra_keys", "sha256", "sha256_cbor",
+    "external_block_hash", "external_block_hash_array", "external_block_hashes", "hash_block_tokens", "namespace_extra_keys", "sha256", "sha256_cbor",
     "vllm_extra_keys",
 ]

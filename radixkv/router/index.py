@@ -6,9 +6,9 @@ An instance publishes numbered batches (vLLM's ZMQ protocol, :mod:`radixkv.event
 view exact when the transport is not:
 
 * a batch past the next expected one is held back, the instance is marked stale and
-  :meth:`KVIndex.replay_from` says where the publisher's replay must start (one batch before
-  the gap, so the answer also proves the stream is the same one); held batches are applied
-  in order once the gap is filled;
+  :meth:`KVIndex.replay_from` says where the publisher's replay must start (a few batches
+  before the gap, so the answer also proves the stream is the same one); held batches are
+  applied in order once the gap is filled;
 * a batch already applied (same number, same bytes) is a duplicate, applied once;
 * a batch numbered below the next expected one with other bytes, or numbered 0 after
   others, is a publisher restart: the instance's view is emptied and rebuilt from 0;
@@ -31,13 +31,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate, islice, repeat
-from bisect import bisect_right
-from operator import and_, neg
+from itertools import islice, repeat
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
 from ..keys import check_int
+from .table import MaskTable
 
 BlockKey = Union[int, bytes]
 """A block hash as events carry it: vLLM's 64-bit int form, or the full hash bytes."""
@@ -155,14 +156,20 @@ class KVIndex:
             ring holds 10,000 batches; a batch more than ``window`` behind is a restart).
         max_held: batches held back per instance while a gap waits for its replay; past it
             the oldest gap is declared lost.
+        replay_overlap: batches already applied that a replay asks for again, before the first
+            one missing, to check them against what was applied: a restarted publisher whose
+            first batches were lost and whose numbering went on exactly where the index stood
+            shows only there (vLLM's protocol carries no publisher epoch), so it is found while
+            the index has applied fewer than ``replay_overlap`` of its batches.
 
     Thread-safe: writers (:meth:`apply`, :meth:`lost`, :meth:`restart`) take one lock; readers
     (:meth:`overlap`) take none and see each page's mask as one atomic read.
     """
 
-    def __init__(self, *, window: int = 10_000, max_held: int = 10_000) -> None:
+    def __init__(self, *, window: int = 10_000, max_held: int = 10_000, replay_overlap: int = 4) -> None:
         self.window = check_int(window, "window", minimum=1)
         self.max_held = check_int(max_held, "max_held", minimum=1)
+        self.replay_overlap = check_int(replay_overlap, "replay_overlap", minimum=1, maximum=self.window)
         _decoders()
         self._where: Dict[BlockKey, int] = {}
         self._intern: Dict[int, int] = {}
@@ -170,6 +177,9 @@ class KVIndex:
         self._by_slot: List[Hashable] = []
         self._media: Dict[Medium, int] = {}
         self._lock = threading.RLock()
+        self._table: Optional[MaskTable] = MaskTable({})
+        """The dict's numpy mirror for batch lookups (:mod:`radixkv.router.table`), ``None`` once the
+        index holds what it cannot mirror (more than 8 instances, or hashes that are not 64-bit ints)."""
 
     # ------------------------------------------------------------ reading
     def __len__(self) -> int:
@@ -200,30 +210,32 @@ class KVIndex:
         runs = self.runs(block_hashes)
         return {inst: runs[0].get(st.slot, 0) for inst, st in self._streams.items()}
 
-    def runs(self, block_hashes: Sequence[BlockKey],
+    def runs(self, block_hashes: Union[Sequence[BlockKey], np.ndarray],
              weights: Optional[Sequence[float]] = None) -> Tuple[Dict[int, int], Dict[int, float]]:
         """``({slot: leading pages held}, {slot: their weight})`` for the instances that hold any.
 
+        ``block_hashes`` may be a uint64 array (64-bit int hashes, as :class:`KVRouter` makes them).
         ``weights[m]`` is the worth of a page on medium ``m`` (:attr:`media` order); a page held
         on several media counts its best. Without ``weights`` the second dict is empty. Cost:
         as :meth:`overlap`, and when a held run is not all on the best medium one more lookup
         per page of it.
         """
-        get = self._where.get
-        raw = list(map(get, block_hashes, repeat(0)))
-        try:
-            total = raw.index(0)  # the first page no instance holds ends every run
-        except ValueError:
-            total = len(raw)
+        raw = self._masks_of(block_hashes)
+        if isinstance(raw, np.ndarray):
+            zeros = np.flatnonzero(raw == 0)  # the first page no instance holds ends every run
+            total = int(zeros[0]) if zeros.size else len(raw)
+            uniq, first = np.unique(raw[:total], return_index=True)
+            firsts = dict(zip(uniq.tolist(), first.tolist()))
+        else:
+            try:
+                total = raw.index(0)
+            except ValueError:
+                total = len(raw)
+            firsts = self._firsts(raw, total)
         if not total:
             return {}, {}
-        distinct = set(islice(raw, total))
-        if len(distinct) > _FEW_MASKS:
-            firsts = self._firsts_by_and(raw, total)
-        else:  # the usual case: a handful of masks, each found where it first appears by a C-speed scan
-            firsts = {mask: raw.index(mask, 0, total) for mask in distinct}
         held = 0
-        for mask in distinct:
+        for mask in firsts:
             held |= mask
         pages: Dict[int, int] = {}
         common: Dict[int, int] = {}  # per instance: the media every page of its run is on
@@ -253,27 +265,44 @@ class KVIndex:
                 worth[slot] = n * max((weights[m] for m in range(len(weights)) if media >> m & 1), default=0.0)
                 continue
             shift, w = slot * GROUP_BITS, 0.0
-            for mask, count in Counter(islice(raw, n)).items():
+            if isinstance(raw, np.ndarray):
+                masks, counts = np.unique(raw[:n], return_counts=True)
+                counted = zip(masks.tolist(), counts.tolist())
+            else:
+                counted = Counter(islice(raw, n)).items()
+            for mask, count in counted:
                 media = (mask >> shift & _MEDIA) >> 1
                 w += count * max((weights[m] for m in range(len(weights)) if media >> m & 1), default=0.0)
             worth[slot] = w
         return pages, worth
 
+    def _masks_of(self, block_hashes: Union[Sequence[BlockKey], np.ndarray]) -> Union[np.ndarray, List[int]]:
+        """The mask of each hash (0: nobody holds it): through the numpy table when it mirrors the dict and
+        the hashes are 64-bit ints, else one dict lookup each."""
+        table = self._table
+        if isinstance(block_hashes, np.ndarray):  # uint64, as KVRouter hashes a request
+            if table is not None:
+                return table.lookup(block_hashes)
+            block_hashes = block_hashes.tolist()
+        elif table is not None and len(block_hashes) > 8 and block_hashes[0].__class__ is int:
+            try:
+                q = np.fromiter(block_hashes, np.uint64, len(block_hashes))
+            except (OverflowError, TypeError, ValueError):  # not all 64-bit ints: the dict knows
+                pass
+            else:
+                return table.lookup(q)
+        return list(map(self._where.get, block_hashes, repeat(0)))
+
     @staticmethod
-    def _firsts_by_and(raw: List[int], total: int) -> Dict[int, int]:
-        """``{mask: its first page}`` for the masks that start a stretch of the running AND of ``raw[:total]``
-        (enough for the runs, whatever the number of distinct masks): the running masks never grow,
-        so each stretch's end is found by bisection."""
-        running = list(accumulate(islice(raw, total), and_))
+    def _firsts(raw: List[int], total: int) -> Dict[int, int]:
+        """``{mask: the first page it is on}`` over ``raw[:total]``: with a handful of distinct masks (the
+        usual case) each found by a C-speed scan, else in one pass."""
+        distinct = set(islice(raw, total))
+        if len(distinct) <= _FEW_MASKS:
+            return {mask: raw.index(mask, 0, total) for mask in distinct}
         firsts: Dict[int, int] = {}
-        pos = 0
-        while pos < total:
-            mask = running[pos]
-            end = bisect_right(running, -mask, pos, total, key=neg)
-            firsts[mask] = pos
-            if end < total:  # the page where the running mask first lost a bit: a mask lacking it
-                firsts.setdefault(raw[end], end)
-            pos = end
+        for page, mask in enumerate(islice(raw, total)):
+            firsts.setdefault(mask, page)
         return firsts
 
     def block_hashes(self, instance: Hashable, medium: Optional[Medium] = None) -> Set[BlockKey]:
@@ -301,17 +330,22 @@ class KVIndex:
     def replay_from(self, instance: Hashable) -> Optional[int]:
         """The first sequence number a replay for ``instance`` should send, ``None`` when nothing is missing.
 
-        One before the missing batch: the replayed copy of a batch already applied must equal
-        it, or the publisher restarted. O(held batches).
+        ``replay_overlap`` before the missing batch: the replayed copies of batches already applied
+        must equal them, or the publisher restarted. O(1).
         """
         st = self._streams.get(instance)
         return None if st is None else self._replay_start(st)
 
-    @staticmethod
-    def _replay_start(st: _Stream) -> Optional[int]:
+    def probe_from(self, instance: Hashable) -> int:
+        """Where a replay that checks the tail of ``instance``'s stream starts (nothing missing known):
+        ``replay_overlap`` batches back. O(1)."""
+        st = self._streams.get(instance)
+        return 0 if st is None else max(0, st.next_seq - self.replay_overlap)
+
+    def _replay_start(self, st: _Stream) -> Optional[int]:
         if not st.held:
             return None
-        return max(0, st.next_seq - 1)
+        return max(0, st.next_seq - self.replay_overlap)
 
     # ------------------------------------------------------------ writing
     def add(self, instance: Hashable) -> int:
@@ -325,6 +359,8 @@ class KVIndex:
             if st is None:
                 st = self._streams[instance] = _Stream(len(self._by_slot))
                 self._by_slot.append(instance)
+                if len(self._by_slot) > MaskTable.MAX_SLOTS:
+                    self._table = None
             return st.slot
 
     def apply(self, instance: Hashable, seq: int, payload: Union[bytes, bytearray, memoryview]) -> str:
@@ -436,11 +472,13 @@ class KVIndex:
             st.exact = False
             return
         st.applied += 1
+        touched: List[BlockKey] = []
         for event in events:
             kind = type(event).__name__
             if kind == "AllBlocksCleared":
                 self._clear(st)
                 st.clears += 1
+                touched.clear()
                 continue
             if event.group_idx not in (None, 0):
                 st.other_groups += 1
@@ -449,10 +487,28 @@ class KVIndex:
             if m is None:
                 st.unknown_events += 1
                 continue
+            touched += event.block_hashes
             if kind == "BlockStored":
                 self._store(st, event.block_hashes, m)
             else:
                 self._remove(st, event.block_hashes, m)
+        if touched and self._table is not None:
+            self._mirror(touched)
+
+    def _mirror(self, touched: List[BlockKey]) -> None:
+        """Bring the numpy table up to date with the dict for ``touched`` keys (or give it up)."""
+        keys = list(dict.fromkeys(touched))
+        try:
+            q = np.array(keys, dtype=np.uint64)
+        except (OverflowError, TypeError, ValueError):
+            q = None
+        if q is None or not q.all():  # bytes hashes, or a hash 0 (the table's empty slot)
+            self._table = None
+            return
+        masks = np.fromiter(map(self._where.get, keys, repeat(0)), np.uint64, len(keys))
+        rebuilt = self._table.upsert(q, masks, self._where)
+        if rebuilt is not None:
+            self._table = rebuilt
 
     def _lenient(self, st: _Stream, payload: bytes, msgspec: Any, types: Mapping[str, Any]) -> Optional[List[Any]]:
         try:
@@ -525,6 +581,8 @@ class KVIndex:
                 where[h] = intern.setdefault(v, v)
         self._where = where
         st.blocks = 0
+        if self._table is not None:
+            self._table = MaskTable(where)
 
     # ------------------------------------------------------------ checks
     def check(self) -> None:
@@ -540,6 +598,8 @@ class KVIndex:
                     assert bool(group & 1) == bool(group & _MEDIA), f"block {h!r}: instance slot {slot} any-bit wrong"
                     counts[slot] += group & 1
                 assert v >> (len(self._by_slot) * GROUP_BITS) == 0, f"block {h!r}: bits of no instance"
+            if self._table is not None:
+                self._table.check(self._where)
             for inst, st in self._streams.items():
                 assert counts[st.slot] == st.blocks, f"instance {inst!r}: counted {st.blocks}, holds {counts[st.slot]}"
                 assert all(s > st.next_seq for s in st.held), f"instance {inst!r}: held a batch it has passed"
@@ -566,7 +626,7 @@ def fill_gaps(index: KVIndex, instance: Hashable, ask: Callable[[int], Tuple[boo
         if start is None:
             if not probe:
                 return
-            start = max(0, index.status(instance).next_seq - 1)
+            start = index.probe_from(instance)
         status = index.status(instance)
         done, first = ask(start)
         if not done:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ..errors import ArgumentTypeError, ArgumentValueError
-from ..events.hashing import BlockHasher
+from ..events.hashing import BlockHasher, external_block_hash_array
 from ..keys import as_tokens, check_namespace, check_positive_int
 from .index import BlockKey, KVIndex, Medium
 
@@ -138,11 +140,14 @@ class KVRouter:
         bad tokens or salt, changing nothing.
         """
         tokens = as_tokens(tokens)
-        hashes = self.block_hashes(tokens, cache_salt)
-        return self.route_hashes(hashes, len(tokens))
+        check_namespace(cache_salt)
+        digests = self.hasher.hash_pages(tokens, self.page_size, namespace=cache_salt)
+        keys = external_block_hash_array(digests) if self.hasher.use_int_block_hashes else None
+        return self.route_hashes(self.hasher.event_hashes(digests) if keys is None else keys, len(tokens))
 
-    def route_hashes(self, hashes: Sequence[BlockKey], num_tokens: int) -> Route:
-        """:meth:`route` for a request already hashed (``hashes``, ``num_tokens`` prompt tokens)."""
+    def route_hashes(self, hashes: Union[Sequence[BlockKey], np.ndarray], num_tokens: int) -> Route:
+        """:meth:`route` for a request already hashed (``hashes`` as :meth:`block_hashes` gives them, or
+        their uint64 array; ``num_tokens`` prompt tokens)."""
         if not self._instances:
             raise ArgumentValueError("the router knows no instance: add() or subscribe() one first")
         media = self.index.media

@@ -205,12 +205,13 @@ def test_runs_equal_a_naive_count_whatever_the_masks(holdings, request_pages):
     if c is not None:
         weights[c] = 0.3
     pages, worth = index.runs(request_pages, weights)
-    few = index_module._FEW_MASKS
-    try:  # the path for many distinct masks gives the same answer
-        index_module._FEW_MASKS = 0
-        assert index.runs(request_pages, weights) == (pages, worth)
+    few, table = index_module._FEW_MASKS, index._table
+    try:  # the dict's paths (a handful of masks, or many) give the same answer as the numpy table's
+        index._table = None
+        for index_module._FEW_MASKS in (few, 0):
+            assert index.runs(request_pages, weights) == (pages, worth)
     finally:
-        index_module._FEW_MASKS = few
+        index_module._FEW_MASKS, index._table = few, table
     for inst in range(6):
         n, w = 0, 0.0
         for page in request_pages:
@@ -222,3 +223,38 @@ def test_runs_equal_a_naive_count_whatever_the_masks(holdings, request_pages):
         assert pages.get(index.slot(inst), 0) == n
         assert worth.get(index.slot(inst), 0.0) == pytest.approx(w)
     assert index.overlap(request_pages) == {i: pages.get(index.slot(i), 0) for i in range(6)}
+
+
+def test_the_numpy_table_follows_the_dict_through_growth_tombstones_and_clears():
+    import random
+    rng = random.Random(5)
+    index = KVIndex()
+    live = {"a": set(), "b": set()}
+    seqs = {"a": 0, "b": 0}
+    for step in range(300):
+        inst = rng.choice("ab")
+        if live[inst] and rng.random() < 0.4:
+            gone = rng.sample(sorted(live[inst]), min(len(live[inst]), rng.randrange(1, 50)))
+            index.apply(inst, seqs[inst], removed(gone))
+            live[inst] -= set(gone)
+        elif rng.random() < 0.02:
+            index.apply(inst, seqs[inst], encode_batch([AllBlocksCleared()]))
+            live[inst] = set()
+        else:
+            new = [rng.getrandbits(64) or 1 for _ in range(rng.randrange(1, 80))]
+            index.apply(inst, seqs[inst], stored(new))
+            live[inst] |= set(new)
+        seqs[inst] += 1
+    assert index._table is not None and len(index._table.keys) > 1024   # grown, still mirroring
+    index.check()                                                        # the table equals the dict
+    probe = sorted(live["a"])[:20] + [12345]
+    assert index.overlap(probe) == {"a": 20 if len(live["a"]) >= 20 else len(live["a"]),
+                                   "b": next((i for i, h in enumerate(probe) if h not in live["b"]), len(probe))}
+
+
+def test_nine_instances_or_bytes_hashes_drop_the_table_and_answer_the_same():
+    index = KVIndex()
+    for i in range(9):
+        index.apply(i, 0, stored(range(1, 20)))
+    assert index._table is None and index.overlap(list(range(1, 12))) == {i: 11 for i in range(9)}
+    index.check()

@@ -41,8 +41,12 @@ def test_a_late_subscriber_replays_what_it_missed_and_routes_to_the_cache_holdin
         router = KVRouter(KVIndex(), ["idle"], page_size=4)
         with router:
             sub = router.subscribe(pub.endpoint, "engine", f"tcp://127.0.0.1:{replay}", idle_probe=30)
-            time.sleep(0.3)                                    # joined: the rest come over PUB/SUB
             last = serve(cache, pub, prompts[6:])
+            for i in range(200):                               # until one batch came over PUB/SUB (joined)
+                if sub.received:
+                    break
+                time.sleep(0.02)
+                last = serve(cache, pub, [prompts[6 + i % 6]]) or last
             assert sub.wait(last, timeout=20), sub.status()
             assert router.index.block_hashes("engine") == hbm(cache)
             st = sub.status()
@@ -52,7 +56,7 @@ def test_a_late_subscriber_replays_what_it_missed_and_routes_to_the_cache_holdin
 
 
 def test_a_publisher_restarted_on_the_same_endpoint_resets_the_view(tmp_path):
-    endpoints = (f"ipc://{tmp_path}/pub", f"tcp://127.0.0.1:{free_port()}")
+    endpoints = (f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay")  # ipc: rebound at once after a close
     index = KVIndex()
     router = KVRouter(index, page_size=4)
     with router:
