@@ -20,7 +20,7 @@ import time
 from typing import Callable, List, Optional, Tuple
 
 import zmq
-from hypothesis import event
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -168,3 +168,12 @@ class RouterMachine(RuleBasedStateMachine):
         if hasattr(self, "index"):
             self.index.check()
             assert self.sub.error is None
+
+
+def state_machine_test(make_publisher: PublisherFactory) -> type:
+    """The machine's unittest case over publishers ``make_publisher(endpoint, replay_endpoint)`` makes."""
+    machine = type(f"RouterMachineOver{make_publisher.__name__}", (RouterMachine,),
+                   {"make_publisher": staticmethod(make_publisher)})
+    case = machine.TestCase
+    case.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+    return case

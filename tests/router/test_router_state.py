@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import settings
-
 from radixkv.events.wire import ZmqEventPublisher, publish_from
 
-from .router_machine import RouterMachine
+from .router_machine import state_machine_test
 
 
 class RadixkvPublisher:
@@ -20,9 +18,4 @@ class RadixkvPublisher:
         self.pub.close()
 
 
-class RadixkvRouterMachine(RouterMachine):
-    make_publisher = staticmethod(RadixkvPublisher)
-
-
-TestRouterOverRadixkvsPublisher = RadixkvRouterMachine.TestCase
-TestRouterOverRadixkvsPublisher.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+TestRouterOverRadixkvsPublisher = state_machine_test(RadixkvPublisher)

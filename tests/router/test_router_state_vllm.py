@@ -9,11 +9,9 @@ ring are vLLM's.
 from __future__ import annotations
 
 import msgspec
-from hypothesis import settings
-
 from radixkv.events.wire import encode_batch
 
-from .router_machine import RouterMachine
+from .router_machine import state_machine_test
 
 
 class VllmPublisher:
@@ -36,9 +34,4 @@ class VllmPublisher:
         self.pub.shutdown()
 
 
-class VllmRouterMachine(RouterMachine):
-    make_publisher = staticmethod(VllmPublisher)
-
-
-TestRouterOverVllmsPublisher = VllmRouterMachine.TestCase
-TestRouterOverVllmsPublisher.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+TestRouterOverVllmsPublisher = state_machine_test(VllmPublisher)
