@@ -30,6 +30,7 @@ and held mask). Two different prefixes share a key with probability about ``2**-
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -298,6 +299,19 @@ class GlobalPageIndex:
     def lower_pages(self) -> int:
         """Distinct pages held in some instance's indexed lower tiers. O(1)."""
         return len(self._lower)
+
+    def nbytes(self) -> int:
+        """Bytes the index holds: its two dicts (slots, int keys and masks) and each instance's block and
+        slot -> key arrays with their held masks. For the memory per indexed page. O(entries)."""
+        total = 0
+        for holders in (self._holders, self._lower):
+            total += sys.getsizeof(holders)
+            total += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in holders.items())
+        for _, member, lower in self._members:
+            total += member._block_key.nbytes + member._held.nbytes
+            if lower is not None:
+                total += sum(keys.nbytes + held.nbytes for keys, held in lower._slots.values())
+        return total
 
     def pages_by_instance(self) -> List[int]:
         """HBM pages each instance has in the index now."""

@@ -23,12 +23,8 @@ from radixkv.workload.sources import open_trace
 
 
 def index_bytes(index) -> int:
-    """Bytes the index holds: its dict (entries, int keys and masks) and each instance's block list."""
-    total = sys.getsizeof(index._holders)
-    total += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in index._holders.items())
-    for _, member in index._members:
-        total += member._block_key.nbytes + member._held.nbytes
-    return total
+    """Bytes the index holds (:meth:`~radixkv.global_index.GlobalPageIndex.nbytes`)."""
+    return index.nbytes()
 
 
 def main() -> None:
