@@ -62,6 +62,7 @@ from typing import Callable, Dict, Hashable, Iterator, List, Optional, Sequence,
 import numpy as np
 
 from .. import victims as _victims
+from ..errors import ArgumentTypeError, ArgumentValueError
 from ..tree import Node, RadixTree
 from ..victims import rank_key
 from .base import IN_FLIGHT, NO_SLOTS, SLOT_DTYPE, Copy, InFlight, Tier, checksums
@@ -216,11 +217,12 @@ class TierStack:
         once ``node`` became a copy (``node.ext``, a :class:`Copy`, names its tier and slots) and
         ``observer.lower_removed(node)`` just before its copy leaves (cascaded, dropped, promoted to
         HBM, lost, forgotten at a reset), its slots still in ``node.ext``. A split is no change: the
-        two parts keep their pages' slots. O(observers)."""
+        two parts keep their pages' slots. Raises ArgumentTypeError for an object without those
+        methods, ArgumentValueError for one added already. O(observers)."""
         if not all(callable(getattr(observer, name, None)) for name in ("lower_stored", "lower_removed")):
-            raise TypeError(f"a residency observer needs lower_stored and lower_removed methods, got {observer!r}")
+            raise ArgumentTypeError(f"a residency observer needs lower_stored and lower_removed methods, got {observer!r}")
         if any(o is observer for o in self.observers):
-            raise ValueError(f"{observer!r} observes this stack already")
+            raise ArgumentValueError(f"{observer!r} observes this stack already")
         self.observers += (observer,)
 
     def remove_observer(self, observer: object) -> None:

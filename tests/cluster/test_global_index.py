@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from radixkv import PrefixCache
-from radixkv.cluster import Cluster
+from radixkv.cluster import Cluster, Pull
 from radixkv.errors import ArgumentTypeError, ArgumentValueError
 from radixkv.global_index import GlobalPageIndex
 from radixkv.workload.traces import Request
@@ -187,7 +187,7 @@ def test_a_page_only_in_a_peers_host_tier_is_pulled_with_its_bytes():
     assert cluster.index.lower_pages_by_instance() == [3, 0]
     i, adm = serve(cluster, first + [4, 4])  # instance 1
     assert i == 1 and adm.hit_tokens == 0
-    assert cluster.last_pull == type(cluster.last_pull)(3, 0, 3)  # 3 pages, from 0, all from its host
+    assert cluster.last_pull == Pull(3, 0, 3)  # 3 pages, from 0, all from its host
     np.testing.assert_array_equal(cluster.instances[1].cache.read(adm.new_blocks[:3]), payload(first, 0, 3))
     assert a.tier_stats().pages_by_tier["host"] == 3  # a pull copies: the source keeps its copies (ranked last)
     assert cluster.index.pages_by_instance() == [0, 4] and cluster.index.lower_pages_by_instance() == [3, 0]
@@ -199,7 +199,7 @@ def test_a_pull_reads_the_peers_hbm_first_then_its_host_copies():
     serve(cluster, first)
     spill(cluster, 0, 2)  # page 0 stays in HBM, pages 1-2 go to the host
     i, adm = serve(cluster, first)
-    assert i == 1 and cluster.last_pull == type(cluster.last_pull)(3, 0, 2)
+    assert i == 1 and cluster.last_pull == Pull(3, 0, 2)
     np.testing.assert_array_equal(cluster.instances[1].cache.read(adm.new_blocks[:3]), payload(first, 0, 3))
 
 
@@ -224,9 +224,9 @@ def test_hbm_is_preferred_over_a_host_copy():
     serve(cluster, first)  # instance 0
     spill(cluster, 0, 2)
     serve(cluster, first)  # instance 1 pulls from 0's host: it holds them in HBM now
-    assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+    assert cluster.last_pull == Pull(2, 0, 2)
     serve(cluster, first)  # instance 2: 0 holds them in host, 1 in HBM
-    assert cluster.last_pull == type(cluster.last_pull)(2, 1, 0)
+    assert cluster.last_pull == Pull(2, 1, 0)
 
 
 def test_host_pages_never_cross_namespaces():
@@ -236,7 +236,7 @@ def test_host_pages_never_cross_namespaces():
     serve(cluster, [1, 1, 2, 2], namespace="b")  # instance 1: another namespace's pages are no hit
     assert cluster.last_pull.pages == 0
     serve(cluster, [1, 1, 2, 2, 3, 3], namespace="a")  # instance 2
-    assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+    assert cluster.last_pull == Pull(2, 0, 2)
 
 
 def test_the_host_index_follows_load_backs_host_evictions_crashes_and_resets():
@@ -291,7 +291,7 @@ def test_a_move_from_a_host_tier_ranks_the_source_copy_next_to_go():
             spill(cluster, 0, 2)  # instance 0's host: old, then new
         cluster._next = 1
         serve(cluster, new + [3, 3])  # instance 1 pulls new from 0's host
-        assert cluster.last_pull == type(cluster.last_pull)(2, 0, 2)
+        assert cluster.last_pull == Pull(2, 0, 2)
         cluster._next = 0
         serve(cluster, [8, 8, 9, 9])
         spill(cluster, 0, 2)  # the host makes room for two pages
@@ -300,3 +300,20 @@ def test_a_move_from_a_host_tier_ranks_the_source_copy_next_to_go():
         keys_old = cluster.index.request_keys(old).tolist()
         assert all(k not in host_keys for k in (keys_new if pulled_goes_first else keys_old)), duplicates
         assert all(k in host_keys for k in (keys_old if pulled_goes_first else keys_new)), duplicates
+
+
+def test_residency_observers_are_checked_and_leave_with_the_index():
+    cluster = host_cluster()
+    stack = cluster.instances[0].cache._stack
+    with pytest.raises(ArgumentTypeError, match="lower_stored and lower_removed"):
+        stack.add_observer(object())
+    (observer,) = stack.observers
+    with pytest.raises(ArgumentValueError, match="already"):
+        stack.add_observer(observer)
+    serve(cluster, [1, 1, 2, 2])
+    spill(cluster, 0, 2)
+    assert cluster.index.lower_pages == 2 and cluster.index.nbytes() > 0
+    cluster.index.leave_all()
+    assert stack.observers == () and cluster.index.lower_pages == 0
+    cluster.instances[0].cache.admit([1, 1, 2, 2]).release()  # a load-back: nobody is told any more
+    assert cluster.index.lower_pages == 0 and len(cluster.index) == 0
