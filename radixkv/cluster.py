@@ -830,8 +830,7 @@ class Cluster:
         pulled = self.pulled_pages - pulled0
         if self.index is not None:
             by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
-            for k, v in inst.cache.transfers.bytes_by_link.items():
-                links[k] = links.get(k, 0) + v
+            links = sum_counts(inst.cache.transfers.bytes_by_link for inst in self.instances)
         m = self.manager
         page_bytes = self.instances[0].cache.page_bytes
         return ClusterResult(

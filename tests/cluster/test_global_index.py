@@ -317,3 +317,14 @@ def test_residency_observers_are_checked_and_leave_with_the_index():
     assert stack.observers == () and cluster.index.lower_pages == 0
     cluster.instances[0].cache.admit([1, 1, 2, 2]).release()  # a load-back: nobody is told any more
     assert cluster.index.lower_pages == 0 and len(cluster.index) == 0
+
+
+def test_the_bytes_by_link_of_an_indexed_replay_sum_every_instance():
+    """``bytes_by_link`` sums every instance's transfer ledger (it read only the last instance's)."""
+    trace = _conversations(turns=6, sessions=5)
+    cluster = Cluster(2, num_blocks=16, page_size=4, host_blocks=32, global_index=True)
+    result = cluster.replay(trace)
+    ledgers = [inst.cache.transfers.bytes_by_link for inst in cluster.instances]
+    assert all(sum(ledger.values()) > 0 for ledger in ledgers)  # both instances moved pages over their links
+    assert result.bytes_by_link == {link: sum(ledger.get(link, 0) for ledger in ledgers)
+                                    for link in set().union(*ledgers)}
