@@ -282,7 +282,7 @@ class KVIndex:
         table = self._table
         if isinstance(block_hashes, np.ndarray):  # uint64, as KVRouter hashes a request
             if table is not None:
-                return table.lookup(block_hashes)
+                return table.lookup(block_hashes, self._where)
             block_hashes = block_hashes.tolist()
         elif table is not None and len(block_hashes) > 8 and block_hashes[0].__class__ is int:
             try:
@@ -290,7 +290,7 @@ class KVIndex:
             except (OverflowError, TypeError, ValueError):  # not all 64-bit ints: the dict knows
                 pass
             else:
-                return table.lookup(q)
+                return table.lookup(q, self._where)
         return list(map(self._where.get, block_hashes, repeat(0)))
 
     @staticmethod

@@ -13,7 +13,8 @@ and tombstones pass half the slots the table is rebuilt from the dict, at a quar
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from itertools import repeat
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -42,32 +43,39 @@ class MaskTable:
         with np.errstate(over="ignore"):
             return ((q * _GOLDEN) >> np.uint64(64 - self.bits)).astype(np.int64)
 
-    def find(self, q: np.ndarray) -> np.ndarray:
-        """The slot of each key of ``q`` (uint64), -1 where absent. O(len(q)) expected."""
+    def find(self, q: np.ndarray, rounds: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """``(slots, unresolved)``: the slot of each key of ``q`` (uint64; -1 where absent) and the
+        positions still probing after ``rounds`` steps (``None``: until every key is resolved).
+        O(len(q)) expected."""
         keys, wrap = self.keys, len(self.keys) - 1
         slot = self._home(q)
         out = np.full(len(q), -1, dtype=np.int64)
         pending = np.arange(len(q))
-        while pending.size:
+        while pending.size and rounds != 0:
             at = slot[pending]
             k = keys[at]
             hit = k == q[pending]
             out[pending[hit]] = at[hit]
             pending = pending[~(hit | (k == 0))]
             slot[pending] = (slot[pending] + 1) & wrap
-        return out
+            rounds = None if rounds is None else rounds - 1
+        return out, pending
 
-    def lookup(self, q: np.ndarray) -> np.ndarray:
-        """The mask of each key of ``q`` (0 where absent), as uint64. O(len(q)) expected."""
-        at = self.find(q)
+    def lookup(self, q: np.ndarray, truth: Mapping[int, int]) -> np.ndarray:
+        """The mask of each key of ``q`` (0 where absent), as uint64. The few keys still probing after
+        four steps (the long clusters of linear probing, each a round of numpy calls) are read from
+        ``truth``, the dict. O(len(q)) expected."""
+        at, late = self.find(q, rounds=4)
         out = self.masks[at]
         out[at < 0] = 0
+        if late.size:
+            out[late] = np.fromiter(map(truth.get, q[late].tolist(), repeat(0)), np.uint64, late.size)
         return out
 
     def upsert(self, keys: np.ndarray, masks: np.ndarray, truth: Mapping[int, int]) -> Optional["MaskTable"]:
         """Set the masks of distinct ``keys``; returns a rebuilt table (from ``truth``, the dict) when this
         one would pass half full, else ``None`` (updated in place). O(len(keys)) expected."""
-        at = self.find(keys)
+        at, _ = self.find(keys)
         found = at >= 0
         self.masks[at[found]] = masks[found]
         new = ~found & (masks != 0)

@@ -258,3 +258,22 @@ def test_nine_instances_or_bytes_hashes_drop_the_table_and_answer_the_same():
         index.apply(i, 0, stored(range(1, 20)))
     assert index._table is None and index.overlap(list(range(1, 12))) == {i: 11 for i in range(9)}
     index.check()
+
+
+def test_a_long_probe_chain_is_read_from_the_dict_and_answers_the_same():
+    import numpy as np
+
+    from radixkv.router.table import MaskTable
+
+    table = MaskTable({})
+    home = {}
+    for k in range(1, 200_000):                      # keys that all start probing at one slot
+        home.setdefault(int(table._home(np.array([k], dtype=np.uint64))[0]), []).append(k)
+    keys = max(home.values(), key=len)[:12]
+    truth = {k: i + 1 for i, k in enumerate(keys)}
+    table = MaskTable(truth)
+    table.check(truth)
+    _, late = table.find(np.array(keys, dtype=np.uint64), rounds=4)
+    assert late.size >= 8                             # twelve in one cluster: most still probing after four
+    q = np.array(keys + [7], dtype=np.uint64)
+    assert table.lookup(q, truth).tolist() == [truth[k] for k in keys] + [0]
