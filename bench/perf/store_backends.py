@@ -40,6 +40,18 @@ FP = Fingerprint(model="bench", dtype="float16", kv_shape=(2, 8, 128), page_size
 CALLS = ("lookup", "get", "put new", "put existing")
 
 
+CAPACITY = 250_000
+"""The page bound of the ``redis-lru`` rows: the fleet run's store (the call rows stay below it, the
+cluster rows evict past it)."""
+
+
+def redis_flush(server: LocalRedis) -> None:
+    """Empty the server between two backends' rows (one round trip)."""
+    import redis
+
+    redis.Redis.from_url(server.url).flushall()
+
+
 def median_us(fn: Callable[[int], int], rounds: int) -> float:
     """The median wall time of ``fn(i)`` over ``rounds`` calls, in microseconds per page it reports."""
     times = []
@@ -86,7 +98,8 @@ def cluster_row(label: str, url: str, requests) -> Dict:
 
 def table(rows: List[Dict], clusters: List[Dict], facts: Dict) -> str:
     out = [f"Per-page cost of the shared page store's calls, microseconds per page (median of the calls, on "
-           f"loopback; get verifies every page). Round trips per call: memory none, redis 1 each, mooncake "
+           f"loopback; get verifies every page). Round trips per call: memory none, redis 1 each (redis-lru: "
+           f"through Lua scripts that also stamp and evict: radixkv.store.redis_lru), mooncake "
            f"lookup 1, get 2 (existence, then the leading run), put new 2 (existence, then put_batch), put "
            f"existing 1. Machine: {facts['cpu']}, {facts['nproc']} CPUs (shared), load average {facts['load']}, "
            f"Python {facts['python']}, Mooncake Store {facts['mooncake']} (cachelib allocator, one storage "
@@ -111,18 +124,26 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--out", default=None, help="write OUT.md and OUT.jsonl")
+    parser.add_argument("--backends", default="memory,redis,redis-lru,mooncake",
+                        help="which, comma-separated (redis-lru: a server bounded with ?capacity=, its exact LRU)")
     args = parser.parse_args()
     facts = dict(machine(), load=" ".join(f"{x:.2f}" for x in os.getloadavg()),
                  mooncake=metadata.version("mooncake-transfer-engine-non-cuda"))
     requests = list(TraceReader(TRACE, limit=args.requests))
     rows: List[Dict] = []
     clusters: List[Dict] = []
+    wanted = args.backends.split(",")
     with LocalRedis() as redis, LocalMooncakeMaster(1 << 30) as mooncake:
-        for label, url in (("memory", "memory://bench-store"), ("redis", redis.url), ("mooncake", mooncake.url)):
-            rows += call_rows(label, url, args.rounds)
+        urls = {"memory": "memory://bench-store", "redis": redis.url,
+                "redis-lru": redis.url + f"?capacity={CAPACITY}", "mooncake": mooncake.url}
+        for label in wanted:
+            rows += call_rows(label, urls[label], args.rounds)
             drop_memory("bench-store")
-        for label, url in (("memory", "memory://bench-cluster"), ("redis", redis.url), ("mooncake", mooncake.url)):
-            clusters.append(cluster_row(label, url, requests))
+            redis_flush(redis)
+        urls["memory"] = "memory://bench-cluster"
+        for label in wanted:
+            clusters.append(cluster_row(label, urls[label], requests))
+            redis_flush(redis)
     out = args.out and args.out + ".jsonl"
     if out and os.path.exists(out):
         os.remove(out)
