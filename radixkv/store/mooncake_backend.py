@@ -91,6 +91,7 @@ import threading
 import time
 import urllib.request
 import weakref
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlsplit
 
@@ -478,6 +479,22 @@ def _binary(name: str) -> str:
     return path
 
 
+def _wait_state(pid: int, stopped: bool, timeout: float = 2.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (or none is), as Linux's ``/proc`` tells: a signal is
+    delivered to a busy process's running threads only at their next trip through the kernel, so a call
+    made right after ``SIGSTOP`` could still be answered. Returns at once where ``/proc`` is missing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for tid in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, IndexError):
+            return
+        if all((state == "T") == stopped for state in states):
+            return
+        time.sleep(0.005)
+
+
 def _kill(proc: Optional[subprocess.Popen]) -> None:
     """SIGKILL ``proc`` if it runs, and reap it."""
     if proc is not None and proc.poll() is None:
@@ -598,6 +615,7 @@ class MooncakeMaster:
         """Stop the master (SIGSTOP; its ports still accept, nothing answers), or let it go on (SIGCONT)."""
         if self.running:
             self._master.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+            _wait_state(self._master.pid, stopped=paused)
 
     def restart(self) -> None:
         """Start the master again on the same ports (killing it first), empty; wait until the storage node has
