@@ -614,8 +614,8 @@ def fill_gaps(index: KVIndex, instance: Hashable, ask: Callable[[int], Tuple[boo
     applies every batch the publisher sends from ``start`` and returns ``(complete, first)``, whether
     its end marker came and the first sequence number it carried (``None``: none).
 
-    With ``probe`` it asks even with no gap, from the last batch applied (a lost last batch leaves
-    no gap). The answer is read as evidence: a publisher that no longer has the last batch applied
+    With ``probe`` it asks even with no gap, from :meth:`KVIndex.probe_from` (``replay_overlap``
+    batches back: a lost last batch leaves no gap). The answer is read as evidence: a publisher that no longer has the last batch applied
     and nothing after it restarted (the view is reset and the replay asked again from 0; a live
     publisher's ring always holds its latest batch); a complete answer that leaves the gap open
     means the ring moved past the missing batches: they are declared lost (:meth:`KVIndex.lost`).

@@ -4,7 +4,8 @@ The SUB side of vLLM's protocol (:mod:`radixkv.events.wire`): multipart ``(topic
 messages, and a DEALER on the publisher's ROUTER replay socket that sends the first sequence
 number wanted and reads ``(topic, seq, payload)`` messages up to the ``-1`` end marker. The
 thread owns both sockets. It asks for a replay when the index reports a gap, and, after
-``idle_probe`` seconds without a message, asks from the last batch applied on: a PUB socket
+``idle_probe`` seconds without a message, asks for the tail (from a few batches back,
+:meth:`~radixkv.router.index.KVIndex.probe_from`): a PUB socket
 drops what it sends before a subscriber joins and a lost last batch leaves no gap behind it,
 so the probe is what makes the tail exact. A replay that does not reach the missing batch
 (the publisher's ring moved past it) declares it lost (:meth:`KVIndex.lost`). Needs pyzmq.
@@ -107,7 +108,7 @@ class Subscription:
             self.probe(min(left, 0.5))
 
     def probe(self, timeout: float = 5.0) -> bool:
-        """Ask the thread for a replay from the last batch applied now, and wait until it was done.
+        """Ask the thread for a replay of the tail now (:meth:`KVIndex.probe_from`), and wait until it was done.
 
         The way to make the view current before reading it (a test's, or a router's after a
         quiet spell). True if done within ``timeout`` seconds."""
@@ -165,7 +166,7 @@ class Subscription:
         self.index.apply(self.instance, int.from_bytes(frames[1], "big"), frames[2])
 
     def _fill(self, probe: bool = False) -> None:
-        """Replay what the index misses (or, for a probe, everything after the last batch applied)."""
+        """Replay what the index misses (or, for a probe, the tail of the stream)."""
         if self._replay is None:
             self.index.lost(self.instance)
             return
