@@ -11,8 +11,12 @@ store's exact LRU.
 
 So a store opened with a capacity keeps the order itself, in three Lua
 scripts that run atomically on the server (one round trip each, as before):
-every page key is a member of one sorted set (:data:`ORDER_KEY`) scored by a
-counter (:data:`CLOCK_KEY`) that each use of a page advances. A read stamps
+every page key is a member of one sorted set (:data:`ORDER_KEY`) scored by the
+time of its last use, counted in uses: a stamp continues from the set's highest
+score (``ZRANGE -1 -1``, O(log n)), so the set is the only key besides the
+pages, and one lost or deleted (an operator's ``DEL``, a ``maxmemory`` policy on
+top evicting it as it evicts any key) takes no clock with it that would make new
+pages older than the ones already held. A read stamps
 the pages it finds; a write stamps the pages it adds, then evicts the lowest
 scores past the capacity (``ZPOPMIN`` and ``UNLINK``). A call stamps its pages
 last first, so a chain's deeper pages are older than the ones they extend and
@@ -26,7 +30,8 @@ the last writer's bound is the one applied.
 The set is an order, not an index: a page is still present exactly when its
 key is, so a member whose key is gone (deleted by someone else) only leaves
 early when its turn comes, and a key that is in no set (written without a
-capacity) is never evicted by one. Cost per page: a ``ZADD`` (O(log n)) on
+capacity, or held when the set was deleted) is never evicted by one until a
+bounded read finds it and puts it back in the order. Cost per page: a ``ZADD`` (O(log n)) on
 each read and write, and about 100 bytes of server memory for its member.
 The server must allow scripts (``EVAL``); a Redis Cluster cannot run them
 over keys of many slots, so a capacity needs a single server.
@@ -37,15 +42,15 @@ from __future__ import annotations
 from typing import Any, List, Sequence, Tuple
 
 ORDER_KEY = b"radixkv:lru"
-"""The sorted set of every bounded page, least recently used first (its score is :data:`CLOCK_KEY`'s value at the
-page's last use). No page key can equal it: page keys are a prefix and 32 bytes of hash."""
-CLOCK_KEY = b"radixkv:lru-clock"
-"""The counter each page use advances."""
+"""The sorted set of every bounded page, least recently used first (its score counts the page uses before its
+last one). No page key can equal it: page keys are a prefix and 32 bytes of hash."""
 
 _STAMP = """
-local function stamp(order, clock, keys)
+local function stamp(order, keys)
   if #keys == 0 then return end
-  local now = redis.call('INCRBY', clock, #keys) - #keys
+  local top = redis.call('ZRANGE', order, -1, -1, 'WITHSCORES')
+  local now = 0
+  if top[2] then now = tonumber(top[2]) end
   local args = {}
   for i = #keys, 1, -1 do
     args[#args + 1] = now + #keys - i + 1
@@ -57,35 +62,37 @@ end
 """
 
 GET_SCRIPT = _STAMP + """
-local order, clock, held = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local order, held = KEYS[1], tonumber(ARGV[1])
 local used, values = {}, {}
-for i = 3, 2 + held do
+for i = 2, 1 + held do
   if redis.call('EXISTS', KEYS[i]) == 1 then used[#used + 1] = KEYS[i] end
 end
-for i = 3 + held, #KEYS do
-  local v = redis.call('GET', KEYS[i])
+for i = 2 + held, #KEYS do
+  local v = redis.pcall('GET', KEYS[i])
+  if type(v) == 'table' then v = false end
   values[#values + 1] = v
   if v then used[#used + 1] = KEYS[i] end
 end
-stamp(order, clock, used)
+stamp(order, used)
 return values
 """
-"""KEYS: order, clock, the held pages to touch, then the pages to read; ARGV: how many are held. Returns the
-values read (nil for absent ones). The held pages that exist and the read pages found become the most
+"""KEYS: order, the held pages to touch, then the pages to read; ARGV: how many are held. Returns the
+values read (nil for absent ones, and for a key holding no string: missing, as ``MGET`` answers, rather
+than an error that fails the whole chain). The held pages that exist and the read pages found become the most
 recently used, the last of them first (as :meth:`MemoryBackend.get`): a chain's root is its newest page."""
 
 SET_SCRIPT = _STAMP + """
-local order, clock, capacity = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local order, capacity = KEYS[1], tonumber(ARGV[1])
 local stored, added = {}, {}
-for i = 3, #KEYS do
-  if redis.call('SET', KEYS[i], ARGV[i - 1], 'NX') then
+for i = 2, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[i], 'NX') then
     stored[#stored + 1] = 1
     added[#added + 1] = KEYS[i]
   else
     stored[#stored + 1] = 0
   end
 end
-stamp(order, clock, added)
+stamp(order, added)
 local evicted = 0
 local excess = redis.call('ZCARD', order) - capacity
 while excess > 0 do
@@ -99,7 +106,7 @@ end
 stored[#stored + 1] = evicted
 return stored
 """
-"""KEYS: order, clock, the pages; ARGV: the capacity, then one value per page. Sets each absent page (first
+"""KEYS: order, the pages; ARGV: the capacity, then one value per page. Sets each absent page (first
 writer wins), makes the new ones the most recently used, then evicts the least recently used past the
 capacity. Returns 1/0 per page (stored or there already), then the number evicted."""
 
@@ -115,12 +122,12 @@ return #KEYS - 1
 
 def get(client: Any, keys: Sequence[bytes], held: Sequence[bytes]) -> List[Any]:
     """The values of ``keys`` (``None`` when absent), stamping ``held`` and the found ``keys``. One round trip."""
-    return client.eval(GET_SCRIPT, 2 + len(held) + len(keys), ORDER_KEY, CLOCK_KEY, *held, *keys, len(held))
+    return client.eval(GET_SCRIPT, 1 + len(held) + len(keys), ORDER_KEY, *held, *keys, len(held))
 
 
 def set_nx(client: Any, keys: Sequence[bytes], values: Sequence[bytes], capacity: int) -> Tuple[List[bool], int]:
     """Store each absent page and evict past ``capacity``: ``(stored per page, pages evicted)``. One round trip."""
-    reply = client.eval(SET_SCRIPT, 2 + len(keys), ORDER_KEY, CLOCK_KEY, *keys, capacity, *values)
+    reply = client.eval(SET_SCRIPT, 1 + len(keys), ORDER_KEY, *keys, capacity, *values)
     return [bool(r) for r in reply[:-1]], int(reply[-1])
 
 

@@ -352,3 +352,33 @@ def test_a_bad_capacity_is_refused_at_open_and_a_cluster_cannot_take_one(redis_s
             PageStore.open(redis_server.url + "?capacity=" + bad, FP)
     with pytest.raises(ArgumentValueError, match="a capacity needs a single server"):
         PageStore.open(cluster.url + "?capacity=5", FP)
+
+
+def test_a_capacity_keeps_no_key_but_its_order_and_survives_losing_a_clock(redis_server):
+    """The order's stamps continue from its highest score: nothing else to lose. (A separate clock key, deleted
+    by an operator or evicted by a ``maxmemory`` policy on top, restarted at 0: every new page came in older
+    than the pages held and was evicted by the very write that stored it.)"""
+    client = raw(redis_server)
+    store = PageStore.open(redis_server.url + "?capacity=10", FP)
+    old = store.chain(tokens(0, 10))
+    assert store.put(old, [b"o"] * 10) == 10
+    assert client.dbsize() == 11  # the pages and the order: no other key
+    client.delete(b"radixkv:lru-clock")  # harmless now; the clock's loss was the failure
+    new = store.chain(tokens(1, 5))
+    assert store.put(new, [b"n"] * 5) == 5
+    assert store.get(new)[1] == 5  # the newest write stays
+    assert store.lookup(old) == 5  # the least recently used went: the old chain's end
+    assert redis_lru.held_pages(client)[-5:] == new[::-1]
+
+
+def test_a_capacity_reads_a_value_of_another_type_as_missing_not_as_a_failed_chain(redis_server):
+    """As ``MGET`` does without a capacity: a foreign key of another type (a hash) under a page's key ends the
+    chain there; the pages before it are served and the call is no backend error."""
+    client = raw(redis_server)
+    store = PageStore.open(redis_server.url + "?capacity=100", FP)
+    chain = store.chain(tokens(0, 4))
+    store.put(chain, [b"c"] * 4)
+    client.delete(chain[3])
+    client.hset(chain[3], "f", "v")
+    assert store.get(chain)[1] == 3
+    assert store.stats()["backend_errors"] == 0
