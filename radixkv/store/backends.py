@@ -283,10 +283,10 @@ def _memory_from_url(url: str) -> MemoryBackend:
         raise ArgumentValueError(f"memory store URL takes only ?capacity=PAGES, got {url!r}")
     capacity = None
     if "capacity" in query:
-        text = query["capacity"][-1]
-        if not text.isdigit() or int(text) < 1:
-            raise ArgumentValueError(f"capacity must be a positive number of pages, got {text!r} in {url!r}")
-        capacity = int(text)
+        found = query["capacity"]  # one ASCII number, as a Redis URL's (unicode digits such as "²" fail int())
+        if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
+            raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {url!r}")
+        capacity = int(found[0])
     return memory_backend(name, capacity)
 
 

@@ -83,6 +83,12 @@ def test_capacity_evicts_the_least_recently_used(memory_url):
     assert PageStore.open(memory_url, FP).backend is store.backend  # no capacity: whatever it has
 
 
+def test_a_bad_capacity_is_an_argument_error_as_on_redis(memory_url):
+    for bad in ("0", "ten", "²", "1&capacity=7"):  # "²" passed str.isdigit() and int() raised a bare ValueError
+        with pytest.raises(ArgumentValueError, match="capacity must be one positive number"):
+            PageStore.open(memory_url + "?capacity=" + bad, FP)
+
+
 def test_a_bad_value_is_an_integrity_miss_and_is_deleted(memory_url):
     store = PageStore.open(memory_url, FP)
     chain = store.chain(TOKENS)
