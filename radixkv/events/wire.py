@@ -321,6 +321,17 @@ class ZmqEventPublisher:
             self._next_seq = seq + 1  # only once queued: a failed hand-off leaves no gap
         return seq
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every batch published so far has been handed to the PUB socket (``publish`` only
+        queues it for the sender thread); whether that happened within ``timeout`` seconds. What a
+        subscriber that connects afterwards can get only from the replay endpoint."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.001)
+        return True
+
     def close(self, timeout: float = 5.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), stop the thread, close the sockets. Idempotent."""
         if self._closed:
@@ -354,6 +365,7 @@ class ZmqEventPublisher:
             except queue.Empty:
                 continue
             if item is None:
+                self._queue.task_done()
                 return
             seq, payload = item
             try:
@@ -361,6 +373,7 @@ class ZmqEventPublisher:
             except Exception:  # a send failure must not stop the stream: counted, and the batch stays replayable
                 self.send_errors += 1
             buffer.append(item)
+            self._queue.task_done()
 
     def _serve_replay(self, buffer: Iterable[Tuple[int, bytes]]) -> None:
         frames = self._replay.recv_multipart()

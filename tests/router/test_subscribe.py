@@ -38,6 +38,7 @@ def test_a_late_subscriber_replays_what_it_missed_and_routes_to_the_cache_holdin
     replay = free_port()
     with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint=f"tcp://127.0.0.1:{replay}") as pub:
         first = serve(cache, pub, prompts[:6])                 # sent before anyone listens: only the replay has them
+        assert pub.flush()                                     # out of the publisher's queue, not only into it
         router = KVRouter(KVIndex(), ["idle"], page_size=4)
         with router:
             sub = router.subscribe(pub.endpoint, "engine", f"tcp://127.0.0.1:{replay}", idle_probe=30)
