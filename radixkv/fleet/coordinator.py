@@ -29,7 +29,10 @@ once (its process sentinel, or its error message); one that stops making
 progress for ``timeout`` seconds (no request served fleet-wide) is named as
 the one holding the baton. Either way :class:`FleetError` says which worker
 in one line, after every process and the redis-server the fleet started are
-stopped. Ctrl-C stops them too (:meth:`Fleet.close`, from ``with``).
+stopped. Ctrl-C stops them too (:meth:`Fleet.close`, from ``with``), and so does a SIGTERM
+(``timeout``, ``kill``, a job scheduler): a fleet made in the main thread of a process that left SIGTERM
+to its default turns it into ``SystemExit(143)`` while it is open, so the servers it started are not left
+running without their owner.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -193,6 +197,10 @@ class Fleet:
         self._sending: Optional[int] = None  # the worker the feeder is shipping to, while it does
         self._feeder: Optional[threading.Thread] = None
         self._closing = False
+        self._sigterm: Any = None  # the SIGTERM handler to restore at close (None: left alone)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._sigterm = signal.signal(signal.SIGTERM, _terminated)
         try:
             if store in ("redis", "mooncake"):
                 self.server = self._start_server(store, store_blocks)
@@ -436,6 +444,9 @@ class Fleet:
     def close(self) -> None:
         """Stop every worker (asked, then SIGTERM, then SIGKILL) and the redis-server the fleet started.
         Idempotent; safe after any error. Cost: up to a few seconds for a worker that does not exit."""
+        if self._sigterm is not None:  # a second SIGTERM while stopping ends the process as it would have
+            signal.signal(signal.SIGTERM, self._sigterm)
+            self._sigterm = None
         if self._idle:  # their pipes are empty: a stop message cannot block, and they exit at once
             for w in self.workers:
                 if w.process.is_alive():
@@ -469,6 +480,12 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM while a fleet is open: unwind (``with`` and ``finally`` blocks run, :meth:`Fleet.close` among
+    them), exiting with the status a SIGTERM death reports to a shell."""
+    raise SystemExit(128 + signum)
 
 
 def _last_words(w: _Worker) -> str:

@@ -288,3 +288,39 @@ def test_a_mooncake_bound_it_cannot_honour_is_refused(tmp_path, store, blocks, m
                                        "--store", store, "--store-blocks", blocks])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and message in result.output, result.output
+
+
+@pytest.mark.parametrize("store", ["redis", "mooncake"])
+def test_a_sigterm_ends_the_command_leaving_no_server_behind(tmp_path, store):
+    """``timeout``, ``kill`` or a job scheduler stop a run with SIGTERM: the servers the fleet started go with it
+    (they outlived the command, a Mooncake master and storage node with their segment, before the fleet turned
+    SIGTERM into SystemExit)."""
+    if store == "mooncake":
+        from ..store.test_store_mooncake import _require_mooncake
+
+        _require_mooncake()
+    else:
+        _require_redis()
+    path = tmp_path / "long.jsonl"
+    write_token_jsonl(generate("mix", 1, 20000), str(path))
+    proc = radixkv("cluster", str(path), "--processes", "2", "--num-blocks", "400", "--page-size", "16",
+                   "--store", store, "--quiet")
+    try:
+        kids: List[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum("spawn_main" in cmdline(k) for k in kids) < 2:
+            kids = children(proc.pid)
+            time.sleep(0.05)
+        servers = [k for k in kids if "spawn_main" not in cmdline(k) and "resource_tracker" not in cmdline(k)]
+        assert servers and len(kids) - len(servers) >= 2, "the fleet did not start"
+        time.sleep(0.5)  # serving
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143
+    deadline = time.monotonic() + 5
+    while any(alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(k) for k in kids), [cmdline(k) for k in kids if alive(k)]
