@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ..cache import PrefixCache
-from ..errors import ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from ..keys import check_positive_int
 from .base import Tier, TierConfigError
 from .tiered import WRITE_POLICIES, TieredCache
@@ -35,10 +35,13 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     pages go first, exactly), or sizes the segment of ``mooncake``'s storage node to hold about
     that many pages; a running Mooncake store is bounded by its storage nodes' segments. ``timeout``: seconds
     a server may take to answer a call before its pages count as misses. Raises
-    ArgumentValueError for a URL it cannot use or a bound it cannot apply.
+    ArgumentValueError for a URL it cannot use or a bound it cannot apply, ArgumentTypeError for a URL
+    that is not a str.
     """
     from ..store import Fingerprint, PageStore, drop_memory
 
+    if not isinstance(url, str):  # before store_blocks reads it as one
+        raise ArgumentTypeError(f"store URL must be a str, got {url!r}")
     fresh = url == "memory"
     if fresh:
         url = f"memory://radixkv-{next(_FRESH)}-{id(_FRESH):x}"

@@ -89,6 +89,16 @@ def test_a_bad_capacity_is_an_argument_error_as_on_redis(memory_url):
             PageStore.open(memory_url + "?capacity=" + bad, FP)
 
 
+def test_open_store_refuses_a_url_that_is_not_a_str_with_or_without_a_bound():
+    from radixkv.errors import ArgumentTypeError
+    from radixkv.tiers.config import open_store
+
+    for url in (123, b"memory://x"):  # with store_blocks: AttributeError / TypeError from str methods
+        for blocks in (None, 5):
+            with pytest.raises(ArgumentTypeError, match="store URL must be a str"):
+                open_store(url, 16, store_blocks=blocks)
+
+
 def test_a_bad_value_is_an_integrity_miss_and_is_deleted(memory_url):
     store = PageStore.open(memory_url, FP)
     chain = store.chain(TOKENS)
