@@ -176,6 +176,11 @@ class Fleet:
         if store_blocks is not None:
             check_positive_int(store_blocks, "store_blocks")
         store = _check_store(store, store_blocks)
+        bound = store_blocks
+        if store.startswith(("redis://", "rediss://")):  # or the URL's ?capacity=
+            from ..store.redis_backends import split_capacity
+
+            bound = split_capacity(store)[1] or store_blocks  # a bad one refused here, not by each worker started
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or not store_timeout > 0:
@@ -188,7 +193,7 @@ class Fleet:
         self.server: Optional[Union[LocalRedis, Any]] = None
         """The store server the fleet started: a :class:`LocalRedis` or a
         :class:`~radixkv.store.mooncake_backend.MooncakeMaster` (``None``: it was given a store URL)."""
-        self.store_capacity_pages = store_blocks
+        self.store_capacity_pages = bound
         self.workers: List[_Worker] = []
         self._next = 0  # the worker the next request goes to (round robin)
         self._start = 0  # the worker of the replay's first request

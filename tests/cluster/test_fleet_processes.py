@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from radixkv.cli import main
+from radixkv.errors import ArgumentValueError
 from radixkv.cluster import Cluster
 from radixkv.fleet import Fleet, FleetError, page_payloads, replay_fleet
 from radixkv.page_keys import PrefixKeys
@@ -324,3 +325,28 @@ def test_a_sigterm_ends_the_command_leaving_no_server_behind(tmp_path, store):
     while any(alive(k) for k in kids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(k) for k in kids), [cmdline(k) for k in kids if alive(k)]
+
+
+def test_a_bound_in_the_store_url_is_reported_and_a_bad_one_refused_before_any_process_starts():
+    """``store='redis://...?capacity=N'`` bounds the store as ``store_blocks=N`` does: the result says so (it said
+    ``None``, unbounded), and a capacity no worker could open is refused at once, not by each worker started."""
+    _require_redis()
+    requests = list(generate("mix", 0, 20))
+    with LocalRedis() as server:
+        result = replay_fleet(requests, 2, BLOCKS, PS, store=server.url + "?capacity=40")
+        assert result.store_capacity_pages == 40 and result.cluster.store.endswith("?capacity=40")
+        assert raw_dbsize(server) <= 40 + 1  # the pages and the order
+        start = time.monotonic()
+        with pytest.raises(ArgumentValueError, match="capacity must be one positive number"):
+            Fleet(2, BLOCKS, PS, store=server.url + "?capacity=0")
+        assert time.monotonic() - start < 0.5
+
+
+def raw_dbsize(server: LocalRedis) -> int:
+    import redis
+
+    client = redis.Redis.from_url(server.url)
+    try:
+        return client.dbsize()
+    finally:
+        client.close()
