@@ -46,7 +46,7 @@ ORDER_KEY = b"radixkv:lru"
 last one). No page key can equal it: page keys are a prefix and 32 bytes of hash."""
 
 _STAMP = """
-local function stamp(order, keys)
+local function stamp(order, keys, call)
   if #keys == 0 then return end
   local top = redis.call('ZRANGE', order, -1, -1, 'WITHSCORES')
   local now = 0
@@ -55,9 +55,9 @@ local function stamp(order, keys)
   for i = #keys, 1, -1 do
     args[#args + 1] = now + #keys - i + 1
     args[#args + 1] = keys[i]
-    if #args >= 1000 then redis.call('ZADD', order, unpack(args)); args = {} end
+    if #args >= 1000 then call('ZADD', order, unpack(args)); args = {} end
   end
-  if #args > 0 then redis.call('ZADD', order, unpack(args)) end
+  if #args > 0 then call('ZADD', order, unpack(args)) end
 end
 """
 
@@ -73,12 +73,13 @@ for i = 2 + held, #KEYS do
   values[#values + 1] = v
   if v then used[#used + 1] = KEYS[i] end
 end
-stamp(order, used)
+stamp(order, used, redis.pcall)  -- a stamp refused (OOM at maxmemory) must not fail the read
 return values
 """
 """KEYS: order, the held pages to touch, then the pages to read; ARGV: how many are held. Returns the
 values read (nil for absent ones, and for a key holding no string: missing, as ``MGET`` answers, rather
-than an error that fails the whole chain). The held pages that exist and the read pages found become the most
+than an error that fails the whole chain). A stamp the server refuses (``OOM`` at ``maxmemory`` under
+``noeviction``) leaves the order as it was and the read served, as ``MGET`` serves it. The held pages that exist and the read pages found become the most
 recently used, the last of them first (as :meth:`MemoryBackend.get`): a chain's root is its newest page."""
 
 SET_SCRIPT = _STAMP + """
@@ -92,7 +93,7 @@ for i = 2, #KEYS do
     stored[#stored + 1] = 0
   end
 end
-stamp(order, added)
+stamp(order, added, redis.call)
 local evicted = 0
 local excess = redis.call('ZCARD', order) - capacity
 while excess > 0 do

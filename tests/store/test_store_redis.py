@@ -266,9 +266,12 @@ def test_maxmemory_eviction_serves_each_chain_only_up_to_its_first_gap():
         assert store.stats()["integrity_misses"] == 0 and store.stats()["backend_errors"] == 0
 
 
-def test_writes_refused_at_maxmemory_fail_only_those_pages(redis_server):
+@pytest.mark.parametrize("bound", ["", "?capacity=100000"])
+def test_writes_refused_at_maxmemory_fail_only_those_pages(redis_server, bound):
+    """Reads go on at OOM, with a capacity too (its read script's stamps were refused with OOM and failed
+    every read once the server was full)."""
     client = raw(redis_server)
-    store = PageStore.open(redis_server.url, FP)
+    store = PageStore.open(redis_server.url + bound, FP)
     kept = store.chain(tokens(0, 4))
     store.put(kept, [b"k"] * 4)
     client.config_set("maxmemory-policy", "noeviction")
@@ -280,7 +283,9 @@ def test_writes_refused_at_maxmemory_fail_only_those_pages(redis_server):
     s = store.stats()
     assert 0 < stored < 99 * 4 and s["pages_failed"] == 99 * 4 - stored and s["backend_errors"] > 0
     assert "maxmemory" in str(store.last_error)
-    assert store.get(kept)[1] == 4 and store.lookup(kept) == 4  # reads go on at OOM, the script too
+    for _ in range(3):  # each read stamps (or tries to)
+        assert store.get(kept)[1] == 4 and store.lookup(kept) == 4  # reads go on at OOM, the script too
+        assert store.get(kept, start=2, touch=True)[1] == 2
     assert store.stats()["lookup"] == "script"
 
 
