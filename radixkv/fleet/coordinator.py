@@ -183,8 +183,9 @@ class Fleet:
             bound = split_capacity(store)[1] or store_blocks  # a bad one refused here, not by each worker started
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or not store_timeout > 0:
-            raise ArgumentValueError(f"store_timeout must be a number of seconds > 0, got {store_timeout!r}")
+        if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or \
+                not 0 < store_timeout <= 60:  # what PageStore.open takes: refused here, not by each worker started
+            raise ArgumentValueError(f"store_timeout must be seconds in (0, 60], got {store_timeout!r}")
         self.processes = processes
         self.num_blocks = num_blocks
         self.page_size = page_size

@@ -329,7 +329,8 @@ def test_a_sigterm_ends_the_command_leaving_no_server_behind(tmp_path, store):
 
 def test_a_bound_in_the_store_url_is_reported_and_a_bad_one_refused_before_any_process_starts():
     """``store='redis://...?capacity=N'`` bounds the store as ``store_blocks=N`` does: the result says so (it said
-    ``None``, unbounded), and a capacity no worker could open is refused at once, not by each worker started."""
+    ``None``, unbounded), and a capacity no worker could open is refused at once, not by each worker started; so
+    is a ``store_timeout`` the store refuses."""
     _require_redis()
     requests = list(generate("mix", 0, 20))
     with LocalRedis() as server:
@@ -339,6 +340,10 @@ def test_a_bound_in_the_store_url_is_reported_and_a_bad_one_refused_before_any_p
         start = time.monotonic()
         with pytest.raises(ArgumentValueError, match="capacity must be one positive number"):
             Fleet(2, BLOCKS, PS, store=server.url + "?capacity=0")
+        assert time.monotonic() - start < 0.5
+        for bad in (0, 61, float("nan")):  # 61: PageStore.open's bound, which each worker then refused
+            with pytest.raises(ArgumentValueError, match=r"store_timeout must be seconds in \(0, 60\]"):
+                Fleet(2, BLOCKS, PS, store=server.url, store_timeout=bad)
         assert time.monotonic() - start < 0.5
 
 
