@@ -51,7 +51,7 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote_plus, urlsplit
 
 from ..errors import ArgumentValueError
 from . import redis_lru
@@ -86,8 +86,12 @@ def split_capacity(url: str) -> Tuple[str, Optional[int]]:
         return url, None
     if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
         raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {redact(url)!r}")
-    rest = urlencode([(k, v) for k, v in query if k != "capacity"])
-    return urlunsplit(parts._replace(query=rest)), int(found[0])
+    # Cut the parameter out of the text rather than rebuild the URL: urlunsplit turns unix:///PATH into
+    # unix:/PATH, which redis-py refuses, and re-encoding would rewrite the other parameters.
+    base, _, tail = url.partition("?")
+    rest, hashed, fragment = tail.partition("#")
+    kept = "&".join(p for p in rest.split("&") if unquote_plus(p.partition("=")[0]) != "capacity")
+    return base + ("?" + kept if kept else "") + hashed + fragment, int(found[0])
 
 
 class _Server:
