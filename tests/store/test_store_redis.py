@@ -401,3 +401,18 @@ def test_a_capacity_on_a_unix_socket_url(tmp_path):
             assert store.put(chain, [b"u"] * 5) == 5 and store.lookup(chain) == 3
             assert store.stats()["capacity"] == 3 and store.backend.kind == "redis"
             store.close()
+
+
+def test_a_write_far_over_a_smaller_capacity_evicts_at_most_1000_more_than_it_adds(redis_server):
+    """A store reopened with a smaller bound comes down over several writes: one write evicting a whole store
+    (250,000 pages) blocked the server past every client's timeout, its own too."""
+    client = raw(redis_server)
+    big = PageStore.open(redis_server.url + "?capacity=3000", FP)
+    for i in range(30):
+        big.put(big.chain(tokens(i, 100)), [b"b"] * 100)
+    assert client.zcard(redis_lru.ORDER_KEY) == 3000
+    small = PageStore.open(redis_server.url + "?capacity=10", FP)
+    for n, left in ((1, 2000), (1, 1000), (1, 10), (2, 10)):
+        fresh = small.chain(tokens(1000 + left + n, n))
+        assert small.put(fresh, [b"s"] * n) == n and small.lookup(fresh) == n
+        assert client.zcard(redis_lru.ORDER_KEY) == left and client.dbsize() == left + 1
