@@ -1,6 +1,6 @@
-"""The README's "Layering", checked against the code: every module of radixkv/ and policies/ is
+"""docs/architecture.md's "Layering", checked against the code: every module of radixkv/ and policies/ is
 named there, and each imports (outside ``TYPE_CHECKING``) only modules of its own layer or of
-the layers before it. A new module or an upward import fails here until the README says where
+the layers before it. A new module or an upward import fails here until docs/architecture.md says where
 it belongs."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def runtime_imports(dotted: str, path: Path) -> Set[str]:
 
 def test_every_module_has_a_layer():
     missing = sorted({component(d) for d, _ in modules()} - set(LAYER_OF))
-    assert not missing, f"modules of no layer (add them to LAYERS and the README): {missing}"
+    assert not missing, f"modules of no layer (add them to LAYERS and docs/architecture.md): {missing}"
 
 
 @pytest.mark.parametrize("dotted,path", list(modules()), ids=lambda v: str(v) if isinstance(v, str) else "")
@@ -93,7 +93,7 @@ def test_imports_go_down_the_layers(dotted, path):
 def readme_entries() -> Dict[str, Set[str]]:
     """The Layering block's entries: each name before the description (``tiers/``, ``api, cli``)
     -> the words of its description, continuation lines included."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "architecture.md").read_text()
     block = readme.split("## Layering", 1)[1].split("```", 2)[1]
     entries: Dict[str, Set[str]] = {}
     words: Set[str] = set()
@@ -122,4 +122,4 @@ def test_the_readme_names_every_module_and_folder():
             missing.append(top)
         elif len(parts) > 1 and parts[-1] not in entries[top]:
             missing.append(".".join(parts))
-    assert not missing, f"the README's Layering does not name: {sorted(set(missing))}"
+    assert not missing, f"docs/architecture.md's Layering does not name: {sorted(set(missing))}"
