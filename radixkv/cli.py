@@ -1196,6 +1196,11 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                        f"{st['batches_dropped']:,} batches dropped, {st['duplicates']:,} duplicates skipped, "
                        f"{st['gaps']:,} gaps, {st['batches_replays']:,} replays, {st['lost']:,} lost; "
                        f"{result.router_us_per_request:,.0f} us a request")
+        if borrowing:
+            click.echo(f"lending: {result.blocks_lent:,} blocks lent ({result.bytes_lent / 2**30:,.2f} GiB), "
+                       f"{result.blocks_recalled:,} recalled, {result.blocks_moved:,} moved, {result.refusals:,} "
+                       f"refused\nborrowed memory: {result.borrowed_hit_tokens:,} hit tokens, "
+                       f"{figure(result.borrowed_transfer_seconds)} s of transfer")
         if global_index:
             click.echo(f"pulled from peers: {result.peer_hit_tokens:,} tokens ({result.pages_pulled:,} pages), "
                        f"{figure(result.peer_transfer_seconds)} s of transfer\n"

@@ -129,3 +129,18 @@ def test_the_tiers_snippet_runs_and_prints_its_comment(capsys):
     promised = re.search(r"^print\(.*#\s*(.*)$", block, re.M).group(1)
     assert capsys.readouterr().out.strip() == promised
     assert "RemoteTier(num_blocks" not in text
+
+
+def test_cluster_borrowing_prints_its_lending_figures(trace):
+    """``cluster --borrowing``'s table output says what was lent, recalled and hit in borrowed memory: the
+    JSON's figures (the table had only ``bytes_lent``, which a 100-column terminal drops)."""
+    import json
+
+    args = ("cluster", trace, "--instances", "4", "--num-blocks", "300", "--borrowing", "--quiet")
+    got = json.loads(ok(*args, "--json"))
+    out = ok(*args)
+    assert got["blocks_lent"] > 0
+    assert (f"lending: {got['blocks_lent']:,} blocks lent ({got['bytes_lent'] / 2**30:,.2f} GiB), "
+            f"{got['blocks_recalled']:,} recalled, {got['blocks_moved']:,} moved, {got['refusals']:,} refused") in out
+    assert f"borrowed memory: {got['borrowed_hit_tokens']:,} hit tokens" in out
+    assert "lending:" not in ok("cluster", trace, "--instances", "4", "--num-blocks", "300", "--quiet")
