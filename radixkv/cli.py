@@ -1123,6 +1123,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
                    f"free loopback port; round robin, every hit page's bytes checked (at most "
                    f"{spell(MAX_JOBS)}).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
+@policy_param_option
 @page_size_option
 @output_options
 @limit_option("Replay")
@@ -1135,7 +1136,8 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, event_faults,
                 borrowing,
-                lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy, page_size,
+                lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy,
+                policy_params, page_size,
                 fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, records, tokenizer_path, model, hardware,
                 miss_reasons) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
@@ -1152,6 +1154,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
     faults = event_faults_flag(event_faults, routing)
+    params = policy_specs([policy], policy_params).get(policy, ())
+    policy_arg = policies.PolicySpec(policy, params) if params else policy
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
     num_blocks = cli_blocks(num_blocks, max_total_tokens, kv_cache_memory, page_size, model)
     host_blocks = tier_blocks("--host-blocks", host_blocks, page_size, model)
@@ -1159,7 +1163,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         raise ArgumentValueError(f"--instances {instances} x {num_blocks:,} blocks each is {instances * num_blocks:,} "
                                  f"HBM blocks; a cluster may have at most {spell(MAX_CLUSTER_BLOCKS)} in all")
     if processes is None:
-        cluster = Cluster(instances, num_blocks, page_size, policy, host_blocks=host_blocks, borrowing=borrowing,
+        cluster = Cluster(instances, num_blocks, page_size, policy_arg, host_blocks=host_blocks, borrowing=borrowing,
                           routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
                           global_index=global_index, event_faults=faults, **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
@@ -1172,10 +1176,12 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         else:
             from .fleet import replay_fleet
 
-            outcome = replay_fleet(reader, processes, num_blocks, page_size, policy, host_blocks=host_blocks,
+            outcome = replay_fleet(reader, processes, num_blocks, page_size, policy_arg, host_blocks=host_blocks,
                                    store=store_url, store_blocks=store_blocks, miss_reasons=miss_reasons, **serving)
             result, fleet = outcome.cluster, outcome.as_dict()
     out = {**result.as_dict(), **fleet, "skipped_lines": reader.skipped}
+    if params:
+        out["policy_params"] = dict(params)
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)
     if out_fmt == "table" and not columns:

@@ -85,3 +85,22 @@ def test_a_users_policy_class_runs_in_sweep_workers_from_the_current_directory(c
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [r["policy"] for r in rows] == ["fifo", "fifo", "mru", "mru"]
+
+
+def test_policy_param_reaches_every_instance_of_a_cluster(tmp_path):
+    """``cluster --policy-param``: each instance builds its own policy with the argument, and the result is
+    the library's ``Cluster(policy=PolicySpec(...))``, not the default's."""
+    from radixkv.cluster import Cluster
+    from radixkv.workload.generators import generate, write_token_jsonl
+
+    path = tmp_path / "mix.jsonl"
+    requests = list(generate("mix", 0, 600))
+    write_token_jsonl(requests, str(path))
+    args = ("cluster", path, "--instances", "2", "--num-blocks", "300", "--policy", "s3fifo", "--json", "--quiet")
+    got = json.loads(ok(*args, "--policy-param", "small_fraction=0.9"))
+    spec = policies.PolicySpec("s3fifo", (("small_fraction", 0.9),))
+    want = Cluster(2, 300, 16, spec).replay(requests)
+    assert got["policy_params"] == {"small_fraction": 0.9} and got["hit_tokens"] == want.hit_tokens
+    assert want.hit_tokens != Cluster(2, 300, 16, "s3fifo").replay(requests).hit_tokens  # the argument matters here
+    assert "policy_params" not in json.loads(ok(*args))
+    fails("cluster", path, "--num-blocks", "300", "--policy", "lru", "--policy-param", "x=1", message="lru: none")
