@@ -13,6 +13,8 @@ pages, and a routed request's predicted overlap its real hit.
 
 from __future__ import annotations
 
+import os
+
 import shutil
 import socket
 import tempfile
@@ -175,5 +177,6 @@ def state_machine_test(make_publisher: PublisherFactory) -> type:
     machine = type(f"RouterMachineOver{make_publisher.__name__}", (RouterMachine,),
                    {"make_publisher": staticmethod(make_publisher)})
     case = machine.TestCase
-    case.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+    thorough = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"  # real sockets: ~2 s an example
+    case.settings = settings(max_examples=250 if thorough else 10, stateful_step_count=25, deadline=None)
     return case
