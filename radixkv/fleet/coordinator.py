@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from .. import policies as _policies
+from ..policies import PolicySpec
 from ..analysis.stats import ReplayStats, RequestRecord
 from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
@@ -138,7 +139,8 @@ class Fleet:
     Args:
         processes: serving processes (instances).
         num_blocks, page_size, policy, host_blocks: each instance's cache (HBM blocks, tokens per page,
-            eviction policy, host-tier blocks), as :class:`~radixkv.cluster.Cluster`'s. An offline
+            eviction policy by name or :class:`~radixkv.policies.PolicySpec`, host-tier blocks), as
+            :class:`~radixkv.cluster.Cluster`'s. An offline
             policy (``belady``) is refused: its future requests would have to be shipped ahead.
         store: the shared store: ``None`` or ``"redis"`` starts a redis-server of the fleet's own on a free
             loopback port, ``"mooncake"`` a Mooncake master and storage node (both stopped by :meth:`close`);
@@ -163,7 +165,8 @@ class Fleet:
     numpy: 0.3-1 s on a busy 2-core machine, in parallel).
     """
 
-    def __init__(self, processes: int, num_blocks: int, page_size: int = 16, policy: str = "lru", *,
+    def __init__(self, processes: int, num_blocks: int, page_size: int = 16,
+                 policy: Union[str, PolicySpec] = "lru", *,
                  host_blocks: int = 0, store: Optional[str] = None, store_blocks: Optional[int] = None,
                  miss_reasons: bool = False, timeout: float = 60.0, store_timeout: float = STORE_TIMEOUT) -> None:
         processes = check_positive_int(processes, "processes")
@@ -527,7 +530,7 @@ def _check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
 
 
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,
-                 policy: str = "lru", *, host_blocks: int = 0, store: Optional[str] = None,
+                 policy: Union[str, PolicySpec] = "lru", *, host_blocks: int = 0, store: Optional[str] = None,
                  store_blocks: Optional[int] = None, miss_reasons: bool = False, timeout: float = 60.0,
                  store_timeout: float = STORE_TIMEOUT,
                  **replay: Any) -> FleetResult:

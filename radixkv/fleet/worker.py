@@ -29,13 +29,14 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from ..analysis.replay import pages_loaded
 from ..analysis.stats import ReplayStats
 from ..cluster import store_counters
+from ..policies import PolicySpec
 from ..keys import TOKEN_DTYPE
 from ..page_keys import PrefixKeys
 from ..tiers.config import build_cache, open_store
@@ -100,7 +101,7 @@ class WorkerSpec:
     processes: int
     num_blocks: int
     page_size: int
-    policy: str
+    policy: Union[str, PolicySpec]
     host_blocks: int
     store_url: str
     store_timeout: float
