@@ -1124,6 +1124,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
                    f"{spell(MAX_JOBS)}).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
 @policy_param_option
+@warmup_option
 @page_size_option
 @output_options
 @limit_option("Replay")
@@ -1137,7 +1138,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, event_faults,
                 borrowing,
                 lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy,
-                policy_params, page_size,
+                policy_params, warmup, page_size,
                 fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, records, tokenizer_path, model, hardware,
                 miss_reasons) -> None:
     """Replay TRACE across a cluster of caches with request routing and (optionally) memory lending.
@@ -1167,11 +1168,15 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                           routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
                           global_index=global_index, event_faults=faults, **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
+    warmup = cli_warmup(warmup, reader)
+    if warmup and processes is not None:
+        raise ArgumentValueError("--warmup is not supported with --processes (their counts are kept in each "
+                                 "process from the start)")
     with records_writer(records) as write, progress(bar_total(reader, quiet), quiet, "cluster") as bar:
         serving = dict(on_request=lambda r, h: bar.update(), model=model, hardware=hardware,
                        on_record=(lambda rec, i: write(rec, instance=i)) if write else None)
         if processes is None:
-            result = cluster.replay(reader, miss_reasons=miss_reasons, **serving)
+            result = cluster.replay(reader, miss_reasons=miss_reasons, warmup=warmup, **serving)
             fleet = {}
         else:
             from .fleet import replay_fleet
@@ -1179,13 +1184,15 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
             outcome = replay_fleet(reader, processes, num_blocks, page_size, policy_arg, host_blocks=host_blocks,
                                    store=store_url, store_blocks=store_blocks, miss_reasons=miss_reasons, **serving)
             result, fleet = outcome.cluster, outcome.as_dict()
+    counted(result.requests, warmup)
     out = {**result.as_dict(), **fleet, "skipped_lines": reader.skipped}
     if params:
         out["policy_params"] = dict(params)
     row = out if out_fmt == "json" else with_capacity({**out, "page_size": page_size}, model)
     show([row], CLUSTER_COLUMNS, out_fmt, columns)
     if out_fmt == "table" and not columns:
-        click.echo(f"\n{result.requests:,} requests, {result.prompt_tokens:,} prompt tokens\n"
+        warm = f" (after a warm-up of {result.warmup_requests:,})" if result.warmup_requests else ""
+        click.echo(f"\n{result.requests:,} requests{warm}, {result.prompt_tokens:,} prompt tokens\n"
                    f"capacity per instance: {capacity_line(num_blocks, page_size, model)}")
         if fleet:
             click.echo(f"processes: {processes}, one instance each; {fleet['verified_pages']:,} hit pages checked "

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -399,6 +400,8 @@ class ClusterResult:
         hit_tokens_by_tier: hits per tier, summed over instances.
         requests_by_instance: requests each instance served.
         blocks_lent / bytes_lent: blocks lent over the replay (counted per loan) and their bytes.
+            Every count is of this replay alone (a cluster replayed twice reports each replay's),
+            after its warm-up.
         blocks_recalled, blocks_moved, pages_demoted_on_recall, refusals: recall and refusal counts.
         bytes_by_link: bytes moved per link, summed over instances.
         lending: ``"free"`` or ``"value"`` (see :class:`Cluster`); pages_evicted_to_lend: creditor
@@ -432,6 +435,7 @@ class ClusterResult:
             router's HBM view differs from the instances' HBM (0: exact); router_us_per_request:
             wall time publishing, applying and routing; router_stats: the streams' counters
             (:meth:`~radixkv.router.inprocess.EventRouting.stats`).
+        warmup_requests: requests replayed before counting began (``replay(warmup=...)``).
     """
 
     routing: str
@@ -481,9 +485,15 @@ class ClusterResult:
     router_divergent_pages: int = 0
     router_us_per_request: float = 0.0
     router_stats: Dict[str, int] = field(default_factory=dict)
+    warmup_requests: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _minus(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
+    """``now``'s counters less ``before``'s, key by key (what one replay added). O(keys)."""
+    return {k: v - before.get(k, 0) for k, v in now.items()}
 
 
 def _faults_spec(faults: EventFaults) -> Optional[str]:
@@ -783,7 +793,7 @@ class Cluster:
                on_request: Optional[Callable[[Request, int], None]] = None,
                on_record: Optional[Callable[[RequestRecord, int], None]] = None, miss_reasons: bool = False,
                model: Union[str, ModelSpec] = DEFAULT_MODEL,
-               hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE) -> ClusterResult:
+               hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE, warmup: int = 0) -> ClusterResult:
         """Replay ``requests`` in order, each admitted and released at once; return the totals.
 
         As :func:`~radixkv.analysis.replay.replay`: ``on_request(request, hit_tokens)`` after each
@@ -799,23 +809,40 @@ class Cluster:
         :func:`~radixkv.analysis.replay.replay` gives one cache the whole trace; with one
         instance the result equals that replay's. ``requests`` is then read into
         a list once.
+
+        ``warmup``: the first ``warmup`` requests fill the caches (routed and served as the others,
+        ``on_request`` called, no records) before anything is counted; the result describes warm
+        caches, and its records keep their trace-order index. Every count of the result is of the
+        counted requests alone. Raises ArgumentValueError for a negative ``warmup``.
         """
+        warmup = check_positive_int(warmup, "warmup", allow_zero=True)
         start = time.perf_counter()
-        pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
-        host0 = self.pulled_host_pages
         self._peer_seconds = 0.0
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
             self._prepare(requests)
+        if warmup:
+            requests = iter(requests)
+            warm = [ReplayStats(self.page_size, tier_costs=inst.cache.cost_model) for inst in self.instances]
+            try:
+                warmed, _, _ = self._replay(itertools.islice(requests, warmup), warm, on_request, None, False)
+            finally:
+                for inst, st in zip(self.instances, warm):
+                    st.detach(inst.cache)
+        pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
+        host0 = self.pulled_host_pages
+        before = self._counters()
         stats = [ReplayStats(self.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
                              tier_costs=inst.cache.cost_model) for inst in self.instances]
         events = self.events
         counts0 = (events.false_hit_pages, events.missed_pages, events.seconds) if events is not None else (0, 0, 0.0)
         try:
-            count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons)
+            count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons,
+                                                             first_index=warmed if warmup else 0)
         finally:
             for inst, st in zip(self.instances, stats):
                 st.detach(inst.cache)
+        now = self._counters()
         router: Dict[str, object] = {}
         if events is not None:
             events.finish()
@@ -825,26 +852,29 @@ class Cluster:
                           router_divergent_pages=events.divergent_pages(),
                           router_us_per_request=(events.seconds - counts0[2]) / count * 1e6 if count else 0.0,
                           router_stats=events.stats())
-        by_tier = sum_counts(inst.cache.hit_tokens_by_tier for inst in self.instances)
+        by_tier = _minus(now["by_tier"], before["by_tier"])
         links: Dict[str, int] = {}
         pulled = self.pulled_pages - pulled0
         if self.index is not None:
             by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
-            links = sum_counts(inst.cache.transfers.bytes_by_link for inst in self.instances)
+            links = _minus(now["links"], before["links"])
         m = self.manager
+        lent = _minus(now["manager"], before["manager"])
         page_bytes = self.instances[0].cache.page_bytes
         return ClusterResult(
             routing=self.routing, borrowing=self.borrowing, instances=len(self.instances),
             num_blocks=self.instances[0].cache.num_blocks, requests=count, hit_tokens_by_tier=by_tier,
-            requests_by_instance=[inst.requests for inst in self.instances], blocks_lent=m.blocks_lent,
-            bytes_lent=m.blocks_lent * page_bytes, blocks_recalled=m.recalled, blocks_moved=m.moved,
-            pages_demoted_on_recall=m.demoted, refusals=m.refusals, bytes_by_link=links,
-            lending=self.lending, pages_evicted_to_lend=m.evicted_to_lend,
+            requests_by_instance=[a - b for a, b in zip(now["requests"], before["requests"])],
+            blocks_lent=lent["blocks_lent"], bytes_lent=lent["blocks_lent"] * page_bytes,
+            blocks_recalled=lent["recalled"], blocks_moved=lent["moved"], pages_demoted_on_recall=lent["demoted"],
+            refusals=lent["refusals"], bytes_by_link=links,
+            lending=self.lending, pages_evicted_to_lend=lent["evicted_to_lend"],
             borrowed_hit_tokens=by_tier.get("borrowed", 0), borrowed_transfer_seconds=borrowed_seconds,
             manager_seconds=m.seconds - seconds0,
             manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
             wall_seconds=time.perf_counter() - start, **stats_totals(stats), global_index=self.index is not None,
-            store=self.store_url, store_hit_tokens=by_tier.get("store", 0), store_stats=self._store_stats(),
+            store=self.store_url, store_hit_tokens=by_tier.get("store", 0),
+            store_stats=_minus(now["store"], before["store"]), warmup_requests=warmed if warmup else 0,
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
             peer_host_hit_tokens=(self.pulled_host_pages - host0) * self.page_size,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
@@ -852,8 +882,9 @@ class Cluster:
             index_host_pages=self.index.lower_pages if self.index is not None else 0, **router)
 
     def _replay(self, requests: Iterable[Request], stats: List[ReplayStats], on_request, on_record,
-                miss_reasons: bool) -> Tuple[int, float, float]:
-        """The loop of :meth:`replay`: (requests replayed, borrowed transfer seconds, manager seconds at start)."""
+                miss_reasons: bool, first_index: int = 0) -> Tuple[int, float, float]:
+        """The loop of :meth:`replay`: (requests replayed, borrowed transfer seconds, manager seconds at start);
+        records are numbered from ``first_index`` (the requests a warm-up replayed before)."""
         lower = tuple(self.instances[0].cache.cost_model.tier_paths)
         seconds0 = self.manager.seconds
         count = 0
@@ -886,10 +917,22 @@ class Cluster:
                     loaded["peer_host"] = from_host
                     peer_seconds += st.costs.transfer_seconds("peer_host", from_host * st.costs.page_bytes)
             count_request(st, request, hit, a.num_new_pages, cache.declined_blocks - counters[i][1],
-                          cache.evicted_blocks - counters[i][0], other[0], loaded, count, i, on_request, on_record)
+                          cache.evicted_blocks - counters[i][0], other[0], loaded, first_index + count, i, on_request,
+                          on_record)
             count += 1
         self._peer_seconds = peer_seconds
         return count, borrowed_seconds, seconds0
+
+    def _counters(self) -> Dict[str, Any]:
+        """The counters kept since the cluster was made that a result reports per replay (a snapshot:
+        :meth:`replay` subtracts the one taken before its counted requests). O(instances)."""
+        m = self.manager
+        return {"by_tier": sum_counts(inst.cache.hit_tokens_by_tier for inst in self.instances),
+                "requests": [inst.requests for inst in self.instances],
+                "links": sum_counts(inst.cache.transfers.bytes_by_link for inst in self.instances),
+                "store": self._store_stats(),
+                "manager": {"blocks_lent": m.blocks_lent, "recalled": m.recalled, "moved": m.moved,
+                            "demoted": m.demoted, "refusals": m.refusals, "evicted_to_lend": m.evicted_to_lend}}
 
     def _store_stats(self) -> Dict[str, int]:
         """The instances' page-store counters, summed (empty without a store); the evictions of each backend

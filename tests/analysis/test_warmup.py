@@ -61,3 +61,21 @@ def test_warmup_flag_takes_a_count_or_a_share(conv):
     fails("replay", conv, "--num-blocks", "3k", "--warmup", "600", message="--warmup 600 leaves no request")
     fails("curve", conv, "--warmup", "100%", message="--warmup: a share must be in [0%, 100%)")
     fails("sweep", conv, "--warmup", "-3", message="--warmup")
+
+
+def test_cluster_warms_up_as_the_library_and_refuses_it_with_processes(conv, tmp_path):
+    """``cluster --warmup``: the JSON equals ``Cluster.replay(warmup=...)``'s, its records are the whole
+    run's later ones (trace-order index), and ``--processes`` refuses it in one line."""
+    from radixkv.cluster import Cluster
+
+    records = tmp_path / "records.jsonl"
+    got = json.loads(ok("cluster", conv, "--instances", "2", "--num-blocks", "1500", "--warmup", "40%", "--json",
+                        "--quiet", "--records", records))
+    want = Cluster(2, 1500, 16).replay(open_trace(conv), warmup=240)
+    assert got["warmup_requests"] == 240 and got["requests"] == 360
+    assert (got["hit_tokens"], got["requests_by_instance"]) == (want.hit_tokens, want.requests_by_instance)
+    assert want.hit_tokens > 0
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(lines) == 360 and lines[0]["index"] == 240
+    fails("cluster", conv, "--processes", "2", "--num-blocks", "1500", "--warmup", "10",
+          message="--warmup is not supported with --processes")

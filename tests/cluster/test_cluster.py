@@ -166,6 +166,50 @@ def test_replay_reports_totals():
     assert result.hit_tokens_by_tier["hbm"] == 4 and sum(result.requests_by_instance) == 3
 
 
+def _warm_trace():
+    from radixkv.workload.generators import generate
+    return list(generate("mix", 0, 400))
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(borrowing=True, host_blocks=20), dict(store="memory", store_blocks=80),
+                                    dict(global_index=True, host_blocks=20), dict(routing="cache_aware")])
+def test_a_warm_up_counts_only_the_requests_after_it(kwargs):
+    """``replay(warmup=N)``: the requests after the first N are served as in a replay without a warm-up,
+    and the result counts them alone: its records (trace-order index) and its every total."""
+    trace = _warm_trace()
+    full: list = []
+    Cluster(2, 60, 16, **kwargs).replay(trace, on_record=lambda r, i: full.append((r, i)))
+    warm: list = []
+    seen: list = []
+    result = Cluster(2, 60, 16, **kwargs).replay(trace, warmup=150, on_record=lambda r, i: warm.append((r, i)),
+                                                 on_request=lambda r, h: seen.append(h))
+    assert warm == full[150:] and len(seen) == len(trace)  # progress covers the warm-up too
+    assert result.warmup_requests == 150 and result.requests == len(trace) - 150
+    assert result.hit_tokens == sum(r.hit_tokens for r, _ in warm) > 0
+    assert result.prompt_tokens == sum(r.prompt_tokens for r, _ in warm)
+    assert sum(result.hit_tokens_by_tier.values()) == result.hit_tokens
+    assert result.requests_by_instance == [sum(1 for _, i in warm if i == k) for k in range(2)]
+    if "store" in kwargs:
+        assert result.store_stats["gets"] <= result.requests and result.store_hit_tokens >= 0
+    with pytest.raises(ValueError, match="warmup"):
+        Cluster(2, 60, 16, **kwargs).replay(trace, warmup=-1)
+
+
+def test_each_replay_of_a_cluster_reports_its_own_counts():
+    """Replayed twice, a cluster reports each replay's own counts (the lending, tier, link and store counters
+    are kept since the cluster was made; a result is what its replay added)."""
+    trace = _warm_trace()
+    cluster = Cluster(2, 60, 16, borrowing=True, host_blocks=20, store="memory")
+    first = cluster.replay(trace[:200])
+    second = cluster.replay(trace[200:])
+    once = Cluster(2, 60, 16, borrowing=True, host_blocks=20, store="memory").replay(trace)
+    assert first.hit_tokens + second.hit_tokens == once.hit_tokens
+    for r in (first, second):
+        assert sum(r.hit_tokens_by_tier.values()) == r.hit_tokens and sum(r.requests_by_instance) == r.requests
+    assert first.blocks_lent + second.blocks_lent == once.blocks_lent > 0
+    assert first.store_stats["gets"] + second.store_stats["gets"] == once.store_stats["gets"]
+
+
 @pytest.mark.parametrize("kwargs, error", [
     (dict(num_instances=0), ValueError),
     (dict(num_blocks=-1), ValueError),
