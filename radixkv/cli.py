@@ -1244,11 +1244,12 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
         raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT or "
                                  f"mooncake://HOST:PORT, --store mooncake (a Mooncake master started for the run), "
                                  f"or no --store (a redis-server started for the run); got --store {store_url}")
-    if store_url is not None and store_blocks is not None and "capacity=" in store_url:
-        raise ArgumentValueError("give the store's page bound once: --store-blocks or the URL's ?capacity=")
-    if store_blocks is not None and store_url is not None and store_url.startswith("mooncake://"):
-        raise ArgumentValueError("--store-blocks bounds a Redis store or the Mooncake master --store mooncake "
-                                 "starts; a running Mooncake store is bounded by its storage nodes' segments")
+    from .fleet.coordinator import check_store
+
+    try:
+        check_store(store_url, store_blocks)
+    except ArgumentValueError as exc:
+        raise ArgumentValueError(f"--store-blocks: {exc}") from None
     if store_url in (None, "redis") and shutil.which("redis-server") is None:
         raise ArgumentValueError("--processes needs a redis-server on PATH (apt-get install redis-server) or "
                                  "--store redis://HOST:PORT")

@@ -46,7 +46,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -57,7 +56,7 @@ from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from ..errors import ArgumentValueError, RadixKVError
 from ..keys import as_tokens, check_namespace, check_positive_int
-from ..store.backends import redact
+from ..store.backends import bounded, redact
 from ..tiers.tiered import default_cost_model
 from ..workload.traces import Request
 from .server import LocalRedis
@@ -178,12 +177,12 @@ class Fleet:
                                      "worker its future requests first; use an online policy")
         if store_blocks is not None:
             check_positive_int(store_blocks, "store_blocks")
-        store = _check_store(store, store_blocks)
+        store = check_store(store, store_blocks)
         bound = store_blocks
-        if store.startswith(("redis://", "rediss://")):  # or the URL's ?capacity=
+        if store.startswith(("redis://", "rediss://")):  # its ?capacity=, store_blocks' or its own
             from ..store.redis_backends import split_capacity
 
-            bound = split_capacity(store)[1] or store_blocks  # a bad one refused here, not by each worker started
+            bound = split_capacity(store)[1]  # a bad one refused here, not by each worker started
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ArgumentValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if isinstance(store_timeout, bool) or not isinstance(store_timeout, (int, float)) or \
@@ -213,9 +212,8 @@ class Fleet:
         try:
             if store in ("redis", "mooncake"):
                 self.server = self._start_server(store, store_blocks)
-            self.store_url = self.server.url if self.server is not None else store
-            if store_blocks is not None and not self.store_url.startswith("mooncake://"):
-                self.store_url += ("&" if urlsplit(self.store_url).query else "?") + f"capacity={store_blocks}"
+            self.store_url = (bounded(self.server.url, store_blocks) if store == "redis"
+                              else self.server.url if self.server is not None else store)
             ctx = multiprocessing.get_context(START_METHOD)
             self._batons = [ctx.Semaphore(0) for _ in range(processes)]
             self._served = ctx.RawValue("q", 0)
@@ -509,9 +507,11 @@ def _last_words(w: _Worker) -> str:
     return ""
 
 
-def _check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
-    """A fleet's ``store`` argument checked: ``"redis"`` (for ``None``) or ``"mooncake"`` (a server of the
-    fleet's own), or a URL its processes share. Raises :class:`~radixkv.errors.ArgumentValueError`."""
+def check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
+    """A fleet's ``store`` and ``store_blocks`` checked, before anything starts: ``"redis"`` (for ``None``)
+    or ``"mooncake"`` (a server of the fleet's own), or the URL its processes share, bounded to
+    ``store_blocks`` (:func:`~radixkv.store.backends.bounded`). Raises
+    :class:`~radixkv.errors.ArgumentValueError`."""
     if store is None:
         return "redis"
     if store in ("redis", "mooncake"):
@@ -521,12 +521,9 @@ def _check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
                                  f"mooncake://HOST:PORT, or 'redis' / 'mooncake' (one started for the fleet), "
                                  f"got {store!r}")
     if store_blocks is not None and store.startswith("mooncake://"):
-        raise ArgumentValueError("store_blocks bounds a Redis store, or the Mooncake master a fleet starts "
-                                 "(store='mooncake'); a running Mooncake store is bounded by its storage nodes' "
-                                 "segments")
-    if store_blocks is not None and "capacity=" in urlsplit(store).query:
-        raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
-    return store
+        raise ArgumentValueError("a page bound applies to a Redis store or to the Mooncake master started for "
+                                 "the fleet; a running Mooncake store is bounded by its storage nodes' segments")
+    return store if store.startswith("mooncake://") else bounded(store, store_blocks)
 
 
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,
@@ -541,4 +538,5 @@ def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, p
         return fleet.replay(requests, **replay)
 
 
-__all__ = ["CHUNK_REQUESTS", "CHUNK_TOKENS", "Fleet", "FleetError", "FleetResult", "STORE_TIMEOUT", "replay_fleet"]
+__all__ = ["CHUNK_REQUESTS", "CHUNK_TOKENS", "Fleet", "FleetError", "FleetResult", "STORE_TIMEOUT", "check_store",
+           "replay_fleet"]

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Protocol, Sequence
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..keys import check_int
@@ -262,6 +262,18 @@ def drop_memory(name: str) -> None:
         _MEMORY.pop(name, None)
 
 
+def bounded(url: str, pages: Optional[int]) -> str:
+    """``url`` bounded to ``pages`` (its ``?capacity=``; ``url`` itself for ``None``): how a page bound
+    given apart from the URL (``store_blocks``, ``--store-blocks``) reaches a memory or Redis backend.
+    Raises :class:`~radixkv.errors.ArgumentValueError` when the URL names a capacity already. O(len(url))."""
+    if pages is None:
+        return url
+    query = urlsplit(url).query
+    if any(key == "capacity" for key, _ in parse_qsl(query, keep_blank_values=True)):
+        raise ArgumentValueError(f"give the store's page bound once, not also in the URL's ?capacity=: {redact(url)!r}")
+    return url + ("&" if query else "?") + f"capacity={pages}"
+
+
 def redact(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for stats and messages)."""
     parts = urlsplit(url)
@@ -319,4 +331,5 @@ def open_backend(url: str, timeout: float = 0.25) -> Backend:
                              f"got {redact(url)!r}")
 
 
-__all__ = ["Backend", "Cooloff", "FAILED", "MemoryBackend", "Reply", "drop_memory", "memory_backend", "open_backend"]
+__all__ = ["Backend", "Cooloff", "FAILED", "MemoryBackend", "Reply", "bounded", "drop_memory", "memory_backend",
+           "open_backend"]

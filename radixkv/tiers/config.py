@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import weakref
 from typing import Any, Optional, Sequence, Union
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -39,6 +38,7 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     that is not a str.
     """
     from ..store import Fingerprint, PageStore, drop_memory
+    from ..store.backends import bounded
 
     if not isinstance(url, str):  # before store_blocks reads it as one
         raise ArgumentTypeError(f"store URL must be a str, got {url!r}")
@@ -52,9 +52,7 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
             raise ArgumentValueError("store_blocks bounds an in-process store, a Redis server (its ?capacity=) or "
                                      "the Mooncake master of 'mooncake'; a running Mooncake store is bounded by "
                                      "its storage nodes' segments")
-        if "capacity=" in urlsplit(url).query:
-            raise ArgumentValueError("give the store's page bound once: store_blocks or the URL's ?capacity=")
-        url += ("&" if urlsplit(url).query else "?") + f"capacity={store_blocks}"
+        url = bounded(url, store_blocks)
     fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
                               page_size=page_size, extra="" if kv_shape else "no payload")
     if url == "mooncake":
