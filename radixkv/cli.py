@@ -1120,7 +1120,8 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @click.option("--processes", default=None, type=int, callback=bounded(MAX_JOBS),
               help=f"Run each instance in an OS process of its own (N of them: --instances defaults to N), "
                    f"sharing --store redis://HOST:PORT (or mooncake), or a redis-server started for the run on a "
-                   f"free loopback port; round robin, every hit page's bytes checked (at most "
+                   f"free loopback port; routed round robin, or with --routing kv_events by a router fed by each "
+                   f"process's KV events over ZMQ on loopback; every hit page's bytes checked (at most "
                    f"{spell(MAX_JOBS)}).")
 @click.option("--policy", default="lru", show_default=True, callback=policy_name, help=POLICY_HELP)
 @policy_param_option
@@ -1145,7 +1146,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
 
     Like `radixkv replay`: misses by reason (each about the instance that served the request),
     prefill saved for --model on --hardware, and --records (each record adds its `instance`).
-    With --processes the instances are real processes over a shared Redis store (`pydoc radixkv.fleet`)."""
+    With --processes the instances are real processes over a shared Redis store (`pydoc radixkv.fleet`);
+    with --routing kv_events as well, each publishes its KV events over ZMQ and the router subscribes."""
     from .cluster import Cluster, routes_ahead
 
     if processes is not None:
@@ -1182,7 +1184,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
             from .fleet import replay_fleet
 
             outcome = replay_fleet(reader, processes, num_blocks, page_size, policy_arg, host_blocks=host_blocks,
-                                   store=store_url, store_blocks=store_blocks, miss_reasons=miss_reasons, **serving)
+                                   store=store_url, store_blocks=store_blocks, miss_reasons=miss_reasons,
+                                   routing=routing, event_faults=faults, **serving)
             result, fleet = outcome.cluster, outcome.as_dict()
     counted(result.requests, warmup)
     out = {**result.as_dict(), **fleet, "skipped_lines": reader.skipped}
@@ -1234,11 +1237,12 @@ def fleet_flags(processes: int, instances: int, routing: str, borrowing: bool, g
     if given and instances != processes:
         raise ArgumentValueError(f"--processes {processes} runs one instance a process: --instances {instances} "
                                  f"differs (leave it out, or give {processes})")
-    for refused, flag in ((routing != "round_robin", f"--routing {routing}"), (borrowing, "--borrowing"),
-                          (global_index, "--global-index"), (policies.create(policy).offline, f"--policy {policy}")):
+    for refused, flag in ((routing not in ("round_robin", "kv_events"), f"--routing {routing}"),
+                          (borrowing, "--borrowing"), (global_index, "--global-index"),
+                          (policies.create(policy).offline, f"--policy {policy}")):
         if refused:
-            raise ArgumentValueError(f"--processes routes round robin over caches that share only the store; "
-                                     f"{flag} is not supported there")
+            raise ArgumentValueError(f"--processes routes round robin or by KV events over caches that share only "
+                                     f"the store; {flag} is not supported there")
     shared = store_url in (None, "redis", "mooncake") or store_url.startswith(("redis://", "rediss://", "mooncake://"))
     if not shared:
         raise ArgumentValueError(f"--processes needs a store the processes share: --store redis://HOST:PORT or "

@@ -496,13 +496,6 @@ def _minus(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in now.items()}
 
 
-def _faults_spec(faults: EventFaults) -> Optional[str]:
-    """The ``--event-faults`` spec of ``faults``, ``None`` when there are none."""
-    if not faults.any:
-        return None
-    return f"drop={faults.drop},duplicate={faults.duplicate},reorder={faults.reorder},seed={faults.seed}"
-
-
 def sum_counts(counts: Iterable[Mapping[str, int]]) -> Dict[str, int]:
     """Counters summed by name over ``counts``, in the order names first appear. O(total entries)."""
     totals: Dict[str, int] = {}
@@ -846,7 +839,7 @@ class Cluster:
         router: Dict[str, object] = {}
         if events is not None:
             events.finish()
-            router = dict(event_faults=_faults_spec(events.links[0].faults),
+            router = dict(event_faults=events.links[0].faults.spec,
                           router_false_hit_pages=events.false_hit_pages - counts0[0],
                           router_missed_pages=events.missed_pages - counts0[1],
                           router_divergent_pages=events.divergent_pages(),

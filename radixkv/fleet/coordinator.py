@@ -24,6 +24,12 @@ tokens, each worker's share as one ``uint32`` buffer) from a feeder thread,
 up to :data:`CHUNKS_AHEAD` chunks ahead, and reads the workers' reports a
 batch at a time: the processes never wait on the coordinator per request.
 
+**Routed by KV events.** ``routing="kv_events"`` routes each request with a router of the
+coordinator's own (:class:`~radixkv.fleet.routed.FleetRouter`) that knows only what the workers
+publish: each worker publishes its cache's KV events over ZMQ on loopback, the router subscribes
+to every stream, and a request is sent, alone, to the worker it picks once the events of the one
+before were heard. No baton then: the coordinator keeps the order, one request at a time.
+
 **Failures.** A worker that dies (killed, crashed) or raises is noticed at
 once (its process sentinel, or its error message); one that stops making
 progress for ``timeout`` seconds (no request served fleet-wide) is named as
@@ -45,12 +51,13 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 
 from .. import policies as _policies
 from ..policies import PolicySpec
+from ..router.link import EventFaults
 from ..analysis.stats import ReplayStats, RequestRecord
 from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
@@ -60,6 +67,7 @@ from ..store.backends import bounded, redact
 from ..tiers.tiered import default_cost_model
 from ..workload.traces import Request
 from .server import LocalRedis
+from .routed import FleetRouter
 from .worker import DTYPE, KV_SHAPE, REPORT_FIELDS, WorkerSpec, run_worker
 
 CHUNK_REQUESTS = 256
@@ -68,6 +76,8 @@ CHUNK_TOKENS = 1 << 21
 """Prompt tokens per chunk at most (8 MiB of ``uint32``): bounds the memory of the chunks in flight."""
 CHUNKS_AHEAD = 2
 """Chunks shipped ahead of the one whose reports the coordinator is counting."""
+ROUTING = ("round_robin", "kv_events")
+"""The routings a fleet of processes runs: those that need no look into the workers' caches."""
 START_METHOD = "spawn"
 """multiprocessing start method: a fresh interpreter per worker (``forkserver`` also works)."""
 START_SECONDS = 60.0
@@ -124,6 +134,7 @@ class _Worker:
         self.outbox = outbox  # worker -> coordinator
         self.pid: Optional[int] = None
         self.requests = 0
+        self.endpoints: Optional[tuple] = None  # its event publisher's (PUB, replay) addresses
 
     def describe(self) -> str:
         return f"worker {self.index} (pid {self.pid or self.process.pid})"
@@ -156,6 +167,11 @@ class Fleet:
         store_timeout: seconds the store may take to answer one call before that call's pages count as
             misses (default :data:`STORE_TIMEOUT`: a replay's figures must not depend on how busy the
             machine is; an engine serving users would rather miss sooner, as the store's own 0.25 s).
+        routing: ``"round_robin"`` (request ``i`` to worker ``i % processes``) or ``"kv_events"``
+            (a router fed only by the workers' KV events over ZMQ picks each request's worker: the
+            module doc; needs pyzmq and msgspec).
+        event_faults: with ``"kv_events"``, faults injected into what the router hears of each stream
+            (an :class:`~radixkv.router.link.EventFaults` or its spec), drawn as the simulator's.
 
     A script that makes a fleet must start under ``if __name__ == "__main__":``: each ``spawn``-ed
     worker imports the script's main module again (multiprocessing's "safe importing of main
@@ -167,8 +183,18 @@ class Fleet:
     def __init__(self, processes: int, num_blocks: int, page_size: int = 16,
                  policy: Union[str, PolicySpec] = "lru", *,
                  host_blocks: int = 0, store: Optional[str] = None, store_blocks: Optional[int] = None,
-                 miss_reasons: bool = False, timeout: float = 60.0, store_timeout: float = STORE_TIMEOUT) -> None:
+                 miss_reasons: bool = False, timeout: float = 60.0, store_timeout: float = STORE_TIMEOUT,
+                 routing: str = "round_robin", event_faults: Union[None, str, EventFaults] = None) -> None:
         processes = check_positive_int(processes, "processes")
+        if routing not in ROUTING:
+            raise ArgumentValueError(f"a fleet routes {' or '.join(map(repr, ROUTING))} (the other routings read "
+                                     f"the instances' caches, which are in other processes), got {routing!r}")
+        if isinstance(event_faults, str):
+            event_faults = EventFaults.parse(event_faults)
+        elif event_faults is not None and not isinstance(event_faults, EventFaults):
+            raise ArgumentValueError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
+        if event_faults is not None and routing != "kv_events":
+            raise ArgumentValueError(f"event_faults needs routing='kv_events', got routing {routing!r}")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(page_size, "page_size")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -189,6 +215,10 @@ class Fleet:
                 not 0 < store_timeout <= 60:  # what PageStore.open takes: refused here, not by each worker started
             raise ArgumentValueError(f"store_timeout must be seconds in (0, 60], got {store_timeout!r}")
         self.processes = processes
+        self.routing = routing
+        self.event_faults = event_faults or EventFaults()
+        self.router: Optional[FleetRouter] = None
+        """The router fed by the workers' KV events (``routing="kv_events"``), else ``None``."""
         self.num_blocks = num_blocks
         self.page_size = page_size
         self.timeout = float(timeout)
@@ -219,7 +249,7 @@ class Fleet:
             self._served = ctx.RawValue("q", 0)
             for index in range(processes):
                 spec = WorkerSpec(index, processes, num_blocks, page_size, policy, host_blocks, self.store_url,
-                                  float(store_timeout), self.miss_reasons, os.getpid())
+                                  float(store_timeout), self.miss_reasons, os.getpid(), events=routing == "kv_events")
                 inbox_r, inbox_w = ctx.Pipe(duplex=False)
                 outbox_r, outbox_w = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=run_worker, args=(spec, inbox_r, outbox_w, self._batons, self._served),
@@ -229,7 +259,14 @@ class Fleet:
                 outbox_w.close()
                 self.workers.append(_Worker(index, process, inbox_w, outbox_r))
             for w in self.workers:
-                _, w.pid, self.lower = self._receive(w, "ready", progress=False, within=max(START_SECONDS, timeout))
+                _, w.pid, self.lower, w.endpoints = self._receive(w, "ready", progress=False,
+                                                                  within=max(START_SECONDS, timeout))
+            if routing == "kv_events":
+                try:
+                    self.router = FleetRouter([w.endpoints for w in self.workers], page_size, self.event_faults,
+                                              timeout=self.timeout)
+                except RadixKVError as exc:
+                    raise FleetError(str(exc)) from None
             self._batons[0].release()  # request 0 is worker 0's
             self._idle = True
         except BaseException:
@@ -390,6 +427,18 @@ class Fleet:
                  for _ in range(n)]
         self._start = self._next
         self._served.value = 0
+        serve = self._serve_routed if self.router is not None else self._serve_in_turn
+        count, wrong, verified = serve(requests, stats, on_request, on_record)
+        totals = [self._receive(w, "totals", progress=False)[1] for w in self._ask_all("totals")]
+        router = self._finish_router(count) if self.router is not None else {}
+        self._idle = True
+        return self._result(stats, totals, count, wrong, verified, time.perf_counter() - start, router)
+
+    def _serve_in_turn(self, requests: Iterable[Request], stats: List[ReplayStats],
+                       on_request: Optional[Callable], on_record: Optional[Callable]) -> Tuple[int, int, int]:
+        """Round robin: the feeder ships chunks ahead, the workers pass the baton, the reports are counted here
+        a chunk at a time. Returns (requests, wrong pages, verified pages)."""
+        n = self.processes
         width = len(REPORT_FIELDS) + len(self.lower)
         chunks: "queue.Queue" = queue.Queue(maxsize=CHUNKS_AHEAD)
         self._feeder = feeder = threading.Thread(target=self._feed, args=(requests, chunks),
@@ -408,7 +457,7 @@ class Fleet:
                 rows[w.index] = iter(np.frombuffer(data, dtype=np.int64).reshape(-1, width).tolist())
             for j, request in enumerate(chunk):
                 i = (first + j) % n
-                hit, new, declined, evicted, other, bad, checked, *loads = next(rows[i])
+                hit, new, declined, evicted, other, bad, checked, _, *loads = next(rows[i])
                 loaded = {t: c for t, c in zip(self.lower, loads) if c}
                 count_request(stats[i], request, hit, new, declined, evicted, other, loaded, count, i,
                               on_request, on_record)
@@ -422,9 +471,57 @@ class Fleet:
                 time.sleep(WAIT_SLICE)
                 self._check([None, 0.0])
             raise self._error
-        totals = [self._receive(w, "totals", progress=False)[1] for w in self._ask_all("totals")]
-        self._idle = True
-        return self._result(stats, totals, count, wrong, verified, time.perf_counter() - start)
+        return count, wrong, verified
+
+    def _serve_routed(self, requests: Iterable[Request], stats: List[ReplayStats],
+                      on_request: Optional[Callable], on_record: Optional[Callable]) -> Tuple[int, int, int]:
+        """Routed by KV events: each request routed from the router's index, sent alone to its worker, its
+        report awaited, then its worker's event batch heard before the next is routed. Returns (requests,
+        wrong pages, verified pages)."""
+        router, p = self.router, self.page_size
+        count = wrong = verified = 0
+        for request in requests:
+            tokens = as_tokens(request.tokens)
+            check_namespace(request.namespace)
+            route = router.route(tokens, request.namespace)
+            i = route.instance
+            w = self.workers[i]
+            try:
+                w.inbox.send(("serve", request.namespace))
+                w.inbox.send_bytes(tokens)
+            except OSError:  # its pipe broke: say which worker, and why
+                time.sleep(WAIT_SLICE)
+                self._check([None, 0.0])
+                raise FleetError(f"{w.describe()} closed its pipe") from None
+            _, data = self._receive(w, "rows", progress=False)
+            hit, new, declined, evicted, other, bad, checked, batch, *loads = \
+                np.frombuffer(data, dtype=np.int64).tolist()
+            try:
+                router.served(route, hit // p, batch)
+            except RadixKVError as exc:
+                raise FleetError(str(exc)) from None
+            loaded = {t: c for t, c in zip(self.lower, loads) if c}
+            count_request(stats[i], request, hit, new, declined, evicted, other, loaded, count, i, on_request,
+                          on_record)
+            w.requests += 1
+            wrong += bad
+            verified += checked
+            count += 1
+        return count, wrong, verified
+
+    def _finish_router(self, count: int) -> Dict[str, Any]:
+        """The router's fields of the result, once every stream was probed: scored against the workers' HBM."""
+        router = self.router
+        try:
+            router.finish()
+        except RadixKVError as exc:
+            raise FleetError(str(exc)) from None
+        residencies = [self._receive(w, "residency", progress=False)[1] for w in self._ask_all("residency")]
+        return dict(event_faults=self.event_faults.spec, router_false_hit_pages=router.false_hit_pages,
+                    router_missed_pages=router.missed_pages,
+                    router_divergent_pages=router.divergent_pages(residencies),
+                    router_us_per_request=router.seconds / count * 1e6 if count else 0.0,
+                    router_stats=router.stats())
 
     def _ask_all(self, what: str) -> List[_Worker]:
         for w in self.workers:
@@ -432,19 +529,20 @@ class Fleet:
         return self.workers
 
     def _result(self, stats: List[ReplayStats], totals: List[Dict[str, Any]], count: int, wrong: int,
-                verified: int, seconds: float) -> FleetResult:
+                verified: int, seconds: float, router: Dict[str, Any]) -> FleetResult:
         """The totals as the simulator reports them. ``bytes_by_link`` stays empty, as the simulator's does
         without a global index: the workers' transfer ledgers count their own 32-byte payloads, not the
         model's KV, so their sum would mean something else under the same name."""
         by_tier = sum_counts(t["hit_tokens_by_tier"] for t in totals)
         cluster = ClusterResult(
-            routing="round_robin", borrowing=False, instances=self.processes, num_blocks=self.num_blocks,
+            routing=self.routing, borrowing=False, instances=self.processes, num_blocks=self.num_blocks,
             requests=count, hit_tokens_by_tier=by_tier, requests_by_instance=[w.requests for w in self.workers],
             blocks_lent=0, bytes_lent=0, blocks_recalled=0, blocks_moved=0, pages_demoted_on_recall=0, refusals=0,
             bytes_by_link={}, lending="free", pages_evicted_to_lend=0,
             borrowed_hit_tokens=0, borrowed_transfer_seconds=0.0, manager_seconds=0.0, manager_us_per_request=0.0,
             wall_seconds=seconds, **stats_totals(stats), store=redact(self.store_url),
-            store_hit_tokens=by_tier.get("store", 0), store_stats=sum_counts(t["store_stats"] for t in totals))
+            store_hit_tokens=by_tier.get("store", 0), store_stats=sum_counts(t["store_stats"] for t in totals),
+            **router)
         return FleetResult(cluster, self.processes, wrong, verified, self.store_capacity_pages)
 
     # ------------------------------------------------------------------ the end
@@ -465,6 +563,8 @@ class Fleet:
             for w in self.workers:
                 w.process.join(max(0.0, deadline - time.monotonic()))
         self._idle = False
+        if self.router is not None:
+            self.router.close()
         for w in self.workers:  # after an error (or a worker that did not stop): SIGTERM, then SIGKILL
             if w.process.is_alive():
                 w.process.terminate()
@@ -529,12 +629,12 @@ def check_store(store: Optional[str], store_blocks: Optional[int]) -> str:
 def replay_fleet(requests: Iterable[Request], processes: int, num_blocks: int, page_size: int = 16,
                  policy: Union[str, PolicySpec] = "lru", *, host_blocks: int = 0, store: Optional[str] = None,
                  store_blocks: Optional[int] = None, miss_reasons: bool = False, timeout: float = 60.0,
-                 store_timeout: float = STORE_TIMEOUT,
-                 **replay: Any) -> FleetResult:
+                 store_timeout: float = STORE_TIMEOUT, routing: str = "round_robin",
+                 event_faults: Union[None, str, EventFaults] = None, **replay: Any) -> FleetResult:
     """Start a :class:`Fleet`, :meth:`Fleet.replay` ``requests`` (``replay``: its keyword arguments), stop it."""
     with Fleet(processes, num_blocks, page_size, policy, host_blocks=host_blocks, store=store,
                store_blocks=store_blocks, miss_reasons=miss_reasons, timeout=timeout,
-               store_timeout=store_timeout) as fleet:
+               store_timeout=store_timeout, routing=routing, event_faults=event_faults) as fleet:
         return fleet.replay(requests, **replay)
 
 

@@ -14,6 +14,12 @@ not depend on scheduling. A hand-off is one semaphore post and one wake-up,
 no coordinator round trip; the coordinator only ships batches and reads
 the reports (:data:`REPORT_FIELDS`) of whole batches.
 
+**Routed by KV events.** A worker made with ``events`` keeps its cache's KV events and publishes
+them after each request, one batch a request (an engine step), on a ZMQ PUB socket of its own
+with a replay socket beside it (:class:`~radixkv.events.wire.ZmqEventPublisher`, bound to free
+loopback ports it reports when ready). The coordinator's router then decides where each request
+goes and sends it alone (``("serve", ...)``): no baton, the coordinator keeps the order.
+
 **Payloads.** The caches keep ``kv_shape=(1,)`` ``float16`` payloads: one page
 is ``page_size`` values, 32 bytes at page 16. A page's values are a function of
 its namespace and the token prefix through it (:func:`page_payloads`, from a
@@ -36,6 +42,7 @@ import numpy as np
 from ..analysis.replay import pages_loaded
 from ..analysis.stats import ReplayStats
 from ..cluster import store_counters
+from ..events.wire import ZmqEventPublisher, publish_from
 from ..policies import PolicySpec
 from ..keys import TOKEN_DTYPE
 from ..page_keys import PrefixKeys
@@ -48,9 +55,13 @@ DTYPE = np.dtype("float16")
 """The payload type (:func:`~radixkv.tiers.config.build_cache` makes ``float16`` caches)."""
 PAYLOAD_SEED = 0x6F1EE7
 """Seed of the prefix keys the payloads come from (any fixed value: every worker must use the same)."""
-REPORT_FIELDS = ("hit_tokens", "new_pages", "declined", "evicted", "other_pages", "wrong_pages", "verified_pages")
+REPORT_FIELDS = ("hit_tokens", "new_pages", "declined", "evicted", "other_pages", "wrong_pages", "verified_pages",
+                 "event_batch")
 """What a worker reports per request, in this order, then the hit pages loaded from each lower tier
-(the tiers it names when ready)."""
+(the tiers it names when ready). ``event_batch``: the sequence number of the KV event batch it
+published after the request (-1: none, or no events)."""
+EVENT_ENDPOINT = "tcp://127.0.0.1:*"
+"""Where a worker with events binds its PUB and replay sockets: loopback, a free port each."""
 BATON_POLL = 1.0
 """Seconds between two looks at whether the coordinator is still alive while waiting for the baton."""
 
@@ -95,6 +106,7 @@ class WorkerSpec:
         miss_reasons: report, per request, the pages another namespace caches (the ``other_namespace``
             miss reason needs the cache, which lives here).
         parent: the coordinator's pid: a worker whose parent is gone stops waiting and exits.
+        events: publish the cache's KV events (vLLM's wire format, ZMQ on loopback) after each request.
     """
 
     index: int
@@ -107,6 +119,7 @@ class WorkerSpec:
     store_timeout: float
     miss_reasons: bool
     parent: int
+    events: bool = False
 
 
 class Worker:
@@ -117,7 +130,11 @@ class Worker:
         store = open_store(spec.store_url, spec.page_size, kv_shape=KV_SHAPE, dtype=DTYPE.name,
                            timeout=spec.store_timeout)
         self.cache = build_cache(spec.num_blocks, spec.page_size, spec.policy, host_blocks=spec.host_blocks,
-                                 load_back="always", kv_shape=KV_SHAPE, store=store)
+                                 load_back="always", kv_shape=KV_SHAPE, store=store, enable_events=spec.events)
+        self.publisher: Optional[ZmqEventPublisher] = None
+        """The worker's KV event publisher (``events``), else ``None``."""
+        if spec.events:
+            self.publisher = ZmqEventPublisher(EVENT_ENDPOINT, replay_endpoint=EVENT_ENDPOINT)
         self.lower = tuple(self.cache.cost_model.tier_paths)
         """The lower tiers whose loads each report counts (the cost model's, as a cluster replay counts them)."""
         self._keys = PrefixKeys(spec.page_size, seed=PAYLOAD_SEED)
@@ -142,10 +159,22 @@ class Worker:
         if new:
             cache.write(admission.new_blocks, payloads[hit:])
         admission.release()
+        batch = publish_from(cache, self.publisher) if self.publisher is not None else None
         loaded = pages_loaded(before, cache.hit_tokens_by_tier, self.lower, p)
         self.requests += 1
         return [admission.hit_tokens, new, cache.declined_blocks - declined, cache.evicted_blocks - evicted, other,
-                wrong, hit] + [loaded.get(t, 0) for t in self.lower]
+                wrong, hit, -1 if batch is None else batch] + [loaded.get(t, 0) for t in self.lower]
+
+    @property
+    def endpoints(self) -> Optional[tuple]:
+        """``(PUB address, replay address)`` of the event publisher, ``None`` without events."""
+        pub = self.publisher
+        return None if pub is None else (pub.endpoint, pub.replay_endpoint)
+
+    def residency(self) -> List[int]:
+        """The event hashes of the pages in this worker's HBM (what a router's view of it should hold). O(pages)."""
+        log = self.cache.event_log
+        return [] if log is None else list(log.hasher.event_hashes(list(log.index)))
 
     def totals(self) -> Dict[str, Any]:
         """The cumulative counters a fleet result sums: hits per tier and the store's counters."""
@@ -154,6 +183,8 @@ class Worker:
                 "requests": self.requests}
 
     def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
         self.cache.close()
         self.cache.store.close()
 
@@ -182,11 +213,14 @@ def serve_batch(worker: Worker, tokens: np.ndarray, lengths: Sequence[int], name
 
 
 def run_worker(spec: WorkerSpec, inbox: Any, outbox: Any, batons: Sequence[Any], served: Any) -> None:
-    """A worker process's body: build the cache, report ``("ready", pid, lower tiers)``, then answer messages.
+    """A worker process's body: build the cache, report ``("ready", pid, lower tiers, event endpoints)``, then
+    answer messages.
 
     ``("batch", lengths, namespaces)`` followed by the requests' tokens (``uint32`` bytes, one
-    ``send_bytes``): ``("rows", bytes of the int64 reports)`` once the batch is served;
-    ``("totals",)``: ``("totals", dict)`` (:meth:`Worker.totals`); ``("stop",)``: close and exit.
+    ``send_bytes``): ``("rows", bytes of the int64 reports)`` once the batch is served, each request
+    in its turn (the batons); ``("serve", namespace)`` followed by one request's tokens: its row, served
+    at once; ``("totals",)``: ``("totals", dict)`` (:meth:`Worker.totals`); ``("residency",)``:
+    ``("residency", hashes)`` (:meth:`Worker.residency`); ``("stop",)``: close and exit.
     Any error is reported as ``("error", one line)`` and ends the process (exit 1). Ctrl-C is
     the coordinator's to handle: the worker ignores SIGINT and is stopped by it.
     """
@@ -194,15 +228,22 @@ def run_worker(spec: WorkerSpec, inbox: Any, outbox: Any, batons: Sequence[Any],
     worker = None
     try:
         worker = Worker(spec)
-        outbox.send(("ready", os.getpid(), worker.lower))
+        outbox.send(("ready", os.getpid(), worker.lower, worker.endpoints))
         while True:
             message = inbox.recv()
             if message[0] == "batch":
                 tokens = np.frombuffer(inbox.recv_bytes(), dtype=TOKEN_DTYPE)
                 rows = serve_batch(worker, tokens, message[1], message[2], batons, served)
                 outbox.send(("rows", rows.tobytes()))
+            elif message[0] == "serve":
+                tokens = np.frombuffer(inbox.recv_bytes(), dtype=TOKEN_DTYPE)
+                row = np.asarray(worker.serve(tokens, message[1]), dtype=np.int64)
+                served.value += 1
+                outbox.send(("rows", row.tobytes()))
             elif message[0] == "totals":
                 outbox.send(("totals", worker.totals()))
+            elif message[0] == "residency":
+                outbox.send(("residency", worker.residency()))
             else:
                 return
     except (EOFError, BrokenPipeError):  # the coordinator is gone: nothing to report to

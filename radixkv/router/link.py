@@ -8,7 +8,8 @@ request-reply exchange, not a broadcast). Faults, per batch sent: dropped with p
 ``drop``, else held back and sent after the next batch with probability ``reorder``, and sent
 twice with probability ``duplicate``. The index notices the gap a dropped or held batch leaves
 when the next one arrives; :meth:`EventLink.flush` sends what is held and probes the tail, as a
-live subscriber does when its stream goes quiet.
+live subscriber does when its stream goes quiet. The draws are :class:`FaultyWire`'s, which a
+live :class:`~radixkv.router.subscriber.Subscription` given faults uses too, on what it hears.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Hashable, Optional, Tuple
+from typing import Deque, Hashable, List, Optional, Tuple
 
 from ..errors import ArgumentTypeError, ArgumentValueError
 from ..keys import check_int
@@ -50,6 +51,13 @@ class EventFaults:
         """Whether any fault is injected."""
         return bool(self.drop or self.duplicate or self.reorder)
 
+    @property
+    def spec(self) -> Optional[str]:
+        """The spec :meth:`parse` reads back into these faults; ``None`` when none is injected."""
+        if not self.any:
+            return None
+        return f"drop={self.drop},duplicate={self.duplicate},reorder={self.reorder},seed={self.seed}"
+
     @classmethod
     def parse(cls, spec: str) -> "EventFaults":
         """Faults from ``"drop=R,duplicate=R,reorder=R,seed=N"`` (any subset, any order). Raises
@@ -70,6 +78,58 @@ class EventFaults:
         return cls(**values)
 
 
+class FaultyWire:
+    """The fault draws of one stream: what a transport with ``faults`` carries, batch by batch.
+
+    :meth:`carry` takes a batch as its publisher sends it and returns what arrives now, in order:
+    nothing (dropped), the batch, the batch twice (duplicated), and after either the batch held
+    back from before; or it holds the batch back (reordered) and returns what it held before, if
+    anything. The draws are seeded by ``faults.seed`` and ``instance`` (its ``repr``): the
+    simulator's :class:`EventLink` and a live :class:`~radixkv.router.subscriber.Subscription`
+    given the same faults and instance drop, repeat and hold the same batches.
+
+    Counters: :attr:`sent` (batches given to :meth:`carry`), :attr:`dropped`, :attr:`duplicated`,
+    :attr:`reordered`. Cost: O(1) a batch.
+    """
+
+    def __init__(self, faults: Optional[EventFaults], instance: Hashable) -> None:
+        if faults is not None and not isinstance(faults, EventFaults):
+            raise ArgumentTypeError(f"faults must be EventFaults, got {faults!r}")
+        self.faults = faults or EventFaults()
+        self._rng = random.Random(f"{self.faults.seed}:{instance!r}")
+        self._held: Optional[Tuple[int, bytes]] = None
+        self.sent = self.dropped = self.duplicated = self.reordered = 0
+
+    def carry(self, seq: int, payload: bytes) -> List[Tuple[int, bytes]]:
+        """What arrives now that batch ``seq`` was sent (see the class doc)."""
+        self.sent += 1
+        out: List[Tuple[int, bytes]] = []
+        held, self._held = self._held, None
+        f, rng = self.faults, self._rng
+        if f.drop and rng.random() < f.drop:
+            self.dropped += 1
+        elif held is None and f.reorder and rng.random() < f.reorder:
+            self._held = (seq, payload)
+            self.reordered += 1
+        else:
+            out.append((seq, payload))
+            if f.duplicate and rng.random() < f.duplicate:
+                self.duplicated += 1
+                out.append((seq, payload))
+        if held is not None:
+            out.append(held)
+        return out
+
+    def release(self) -> Optional[Tuple[int, bytes]]:
+        """The batch held back, now delivered (``None``: none is held)."""
+        held, self._held = self._held, None
+        return held
+
+    def reset(self) -> None:
+        """The publisher restarted: what was held is lost."""
+        self._held = None
+
+
 class EventLink:
     """Delivers ``instance``'s batches to ``index`` with ``faults``; serves its replay requests.
 
@@ -88,17 +148,19 @@ class EventLink:
                  buffer_steps: int = 10_000) -> None:
         if not isinstance(index, KVIndex):
             raise ArgumentTypeError(f"index must be a KVIndex, got {index!r}")
-        if faults is not None and not isinstance(faults, EventFaults):
-            raise ArgumentTypeError(f"faults must be EventFaults, got {faults!r}")
         self.index = index
         self.instance = instance
-        self.faults = faults or EventFaults()
-        self._rng = random.Random(f"{self.faults.seed}:{instance!r}")
+        self.wire = FaultyWire(faults, instance)
+        self.faults = self.wire.faults
         self._ring: Deque[Tuple[int, bytes]] = deque(maxlen=check_int(buffer_steps, "buffer_steps", minimum=1))
-        self._held: Optional[Tuple[int, bytes]] = None
         self.next_seq = 0
-        self.sent = self.dropped = self.duplicated = self.reordered = self.replays = self.replayed = 0
+        self.replays = self.replayed = 0
         index.add(instance)
+
+    sent = property(lambda self: self.wire.sent, doc="Batches published.")
+    dropped = property(lambda self: self.wire.dropped, doc="Batches the transport lost.")
+    duplicated = property(lambda self: self.wire.duplicated, doc="Batches it delivered twice.")
+    reordered = property(lambda self: self.wire.reordered, doc="Batches it held back behind the next.")
 
     def publish(self, payload: bytes) -> int:
         """Send one batch's payload; returns its sequence number."""
@@ -107,33 +169,20 @@ class EventLink:
         seq = self.next_seq
         self.next_seq += 1
         self._ring.append((seq, bytes(payload)))
-        self.sent += 1
-        held, self._held = self._held, None
-        f, rng = self.faults, self._rng
-        if f.drop and rng.random() < f.drop:
-            self.dropped += 1
-        elif held is None and f.reorder and rng.random() < f.reorder:
-            self._held = (seq, payload)
-            self.reordered += 1
-        else:
-            self._deliver(seq, payload)
-            if f.duplicate and rng.random() < f.duplicate:
-                self.duplicated += 1
-                self._deliver(seq, payload)
-        if held is not None:
-            self._deliver(*held)
+        for item in self.wire.carry(seq, payload):
+            self._deliver(*item)
         return seq
 
     def restart(self) -> None:
         """The publisher restarts: numbering from 0 again, its replay ring empty (what was held is lost)."""
         self.next_seq = 0
         self._ring.clear()
-        self._held = None
+        self.wire.reset()
 
     def flush(self) -> None:
         """Send the batch held back, then replay from the last batch the index applied (the tail a
         quiet subscriber probes for)."""
-        held, self._held = self._held, None
+        held = self.wire.release()
         if held is not None:
             self._deliver(*held)
         fill_gaps(self.index, self.instance, self._replay, probe=True)
@@ -158,4 +207,4 @@ class EventLink:
                 f"duplicated={self.duplicated}, reordered={self.reordered}, replays={self.replays})")
 
 
-__all__ = ["EventFaults", "EventLink", "MAX_SEED"]
+__all__ = ["EventFaults", "EventLink", "FaultyWire", "MAX_SEED"]

@@ -181,14 +181,17 @@ class KVRouter:
 
     # ------------------------------------------------------------ live event streams
     def subscribe(self, endpoint: str, instance: Hashable, replay_endpoint: Optional[str] = None, *,
-                  topic: str = "", idle_probe: float = 1.0) -> "Subscription":
+                  topic: str = "", idle_probe: Optional[float] = 1.0,
+                  faults: Optional["EventFaults"] = None) -> "Subscription":
         """Follow ``instance``'s events on the ZMQ PUB ``endpoint`` on a thread of its own (see
-        :class:`~radixkv.router.subscriber.Subscription`), filling gaps from ``replay_endpoint``
-        (the publisher's ROUTER socket; ``None``: a gap is declared lost at once). Needs pyzmq."""
+        :class:`~radixkv.router.subscriber.Subscription`: ``topic``, ``idle_probe``, ``faults``), filling
+        gaps from ``replay_endpoint`` (the publisher's ROUTER socket; ``None``: a gap is declared lost
+        at once). Needs pyzmq."""
         from .subscriber import Subscription
 
         self.add(instance)
-        sub = Subscription(self.index, endpoint, instance, replay_endpoint, topic=topic, idle_probe=idle_probe)
+        sub = Subscription(self.index, endpoint, instance, replay_endpoint, topic=topic, idle_probe=idle_probe,
+                           faults=faults)
         self._subscriptions.append(sub)
         return sub
 
@@ -209,6 +212,7 @@ class KVRouter:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .link import EventFaults
     from .subscriber import Subscription
 
 __all__ = ["DEFAULT_MEDIUM_WEIGHTS", "KVRouter", "Route"]

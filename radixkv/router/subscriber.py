@@ -8,7 +8,10 @@ thread owns both sockets. It asks for a replay when the index reports a gap, and
 :meth:`~radixkv.router.index.KVIndex.probe_from`): a PUB socket
 drops what it sends before a subscriber joins and a lost last batch leaves no gap behind it,
 so the probe is what makes the tail exact. A replay that does not reach the missing batch
-(the publisher's ring moved past it) declares it lost (:meth:`KVIndex.lost`). Needs pyzmq.
+(the publisher's ring moved past it) declares it lost (:meth:`KVIndex.lost`). Given
+:class:`~radixkv.router.link.EventFaults`, it drops, repeats and holds back what it hears as the
+simulator's :class:`~radixkv.router.link.EventLink` does (the same seeded draws,
+:class:`~radixkv.router.link.FaultyWire`): recovery tested on real sockets. Needs pyzmq.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Hashable, Optional, Tuple
 
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
 from .index import KVIndex, StreamStatus, fill_gaps
+from .link import EventFaults, FaultyWire
 
 END_SEQ = -1
 REPLAY_TIMEOUT_MS = 2000
@@ -42,15 +46,20 @@ class Subscription:
         instance: the name the index keeps the batches under.
         replay_endpoint: the publisher's ROUTER replay address; ``None``: a gap is lost at once.
         topic: topic prefix subscribed to.
-        idle_probe: seconds without a message after which the tail is checked by a replay.
+        idle_probe: seconds without a message after which the tail is checked by a replay (``None``:
+            never on a timer; a gap is still filled when the next batch shows it, and :meth:`probe`
+            asks at once).
+        faults: what to do wrong with the batches heard, on purpose (seeded draws as the
+            simulator's; a replay's answer is applied as it comes): for tests of recovery.
 
     Counters: :attr:`received` (messages on the SUB socket), :attr:`replays` (requests sent),
-    :attr:`bad_frames` (messages not of three
-    frames or with a sequence number not of 8 bytes: skipped).
+    :attr:`replayed` (batches their answers carried), :attr:`bad_frames` (messages not of three
+    frames or with a sequence number not of 8 bytes: skipped); :attr:`wire` the fault draws'
+    (``None`` without faults).
     """
 
     def __init__(self, index: KVIndex, endpoint: str, instance: Hashable, replay_endpoint: Optional[str] = None, *,
-                 topic: str = "", idle_probe: float = 1.0) -> None:
+                 topic: str = "", idle_probe: Optional[float] = 1.0, faults: Optional[EventFaults] = None) -> None:
         if not isinstance(index, KVIndex):
             raise ArgumentTypeError(f"index must be a KVIndex, got {index!r}")
         for name, value in (("endpoint", endpoint), ("topic", topic)):
@@ -58,16 +67,21 @@ class Subscription:
                 raise ArgumentTypeError(f"{name} must be a str, got {value!r}")
         if replay_endpoint is not None and not isinstance(replay_endpoint, str):
             raise ArgumentTypeError(f"replay_endpoint must be a str or None, got {replay_endpoint!r}")
-        if isinstance(idle_probe, bool) or not isinstance(idle_probe, (int, float)) or not idle_probe > 0:
-            raise ArgumentValueError(f"idle_probe must be a number of seconds > 0, got {idle_probe!r}")
+        if idle_probe is not None and (isinstance(idle_probe, bool) or not isinstance(idle_probe, (int, float))
+                                       or not idle_probe > 0):
+            raise ArgumentValueError(f"idle_probe must be a number of seconds > 0 or None, got {idle_probe!r}")
+        wire = None if faults is None else FaultyWire(faults, instance)
         zmq = _zmq()
         index.add(instance)
         self.index = index
         self.instance = instance
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
-        self.idle_probe = float(idle_probe)
-        self.received = self.replays = self.bad_frames = 0
+        self.idle_probe = None if idle_probe is None else float(idle_probe)
+        self.wire: Optional[FaultyWire] = wire
+        self.received = self.replays = self.replayed = self.bad_frames = 0
+        self._taken = self._heard = -1  # the sequence number of the last message taken; of the last handled
+        self._handled = threading.Condition()
         ctx = zmq.Context.instance()
         self._sub = ctx.socket(zmq.SUB)
         self._replay = None
@@ -93,6 +107,16 @@ class Subscription:
     def status(self) -> StreamStatus:
         """The index's view of this stream. O(1)."""
         return self.index.status(self.instance)
+
+    def wait_heard(self, seq: int, timeout: float = 10.0) -> bool:
+        """Block until the thread has taken a message numbered ``seq`` or later off the SUB socket and
+        handled it: applied (or, with faults, dropped, repeated or held back) and any gap it showed
+        filled by a replay. What a driver that knows the publisher sent ``seq`` waits for to read
+        the view a subscriber has once the batch arrived, lost or not; unlike :meth:`wait` it never
+        asks for a replay itself. True if within ``timeout`` seconds (False also once closed)."""
+        with self._handled:
+            return self._handled.wait_for(lambda: self._heard >= seq or self._stop.is_set() or
+                                          not self._thread.is_alive(), timeout) and self._heard >= seq
 
     def wait(self, seq: int, timeout: float = 10.0) -> bool:
         """Block until batch ``seq`` is applied with no gap before it, probing the replay socket
@@ -132,6 +156,7 @@ class Subscription:
             while not self._stop.is_set():
                 if self._probe.is_set():
                     self._probe.clear()
+                    self._release()
                     self._fill(probe=True)
                     with self._probed:
                         self._probes_done += 1
@@ -146,10 +171,14 @@ class Subscription:
                         self._take(frames)
                     if self.index.replay_from(self.instance) is not None:
                         self._fill()
+                    with self._handled:  # only now: a waiter reads the view with the round's gaps filled
+                        self._heard = self._taken
+                        self._handled.notify_all()
                     continue
                 idle += 0.02
-                if idle >= self.idle_probe:
+                if self.idle_probe is not None and idle >= self.idle_probe:
                     idle = 0.0
+                    self._release()
                     self._fill(probe=True)
         except BaseException as exc:  # a closed context, a bug: kept for the owner to see
             self.error = exc
@@ -157,13 +186,32 @@ class Subscription:
             with self._probed:
                 self._probes_done += 1
                 self._probed.notify_all()
+            with self._handled:
+                self._handled.notify_all()
 
     def _take(self, frames: Any) -> None:
         self.received += 1
         if len(frames) != 3 or len(frames[1]) != 8:
             self.bad_frames += 1
             return
-        self.index.apply(self.instance, int.from_bytes(frames[1], "big"), frames[2])
+        seq = int.from_bytes(frames[1], "big")
+        if self.wire is None:
+            self.index.apply(self.instance, seq, frames[2])
+        else:  # as the simulator's link: each delivery applied, and a gap it shows filled at once
+            for item in self.wire.carry(seq, frames[2]):
+                self._deliver(*item)
+        self._taken = seq
+
+    def _deliver(self, seq: int, payload: bytes) -> None:
+        self.index.apply(self.instance, seq, payload)
+        if self.index.replay_from(self.instance) is not None:
+            self._fill()
+
+    def _release(self) -> None:
+        """Deliver the batch the faults hold back, if any (a probe's first step, as the link's flush)."""
+        held = self.wire.release() if self.wire is not None else None
+        if held is not None:
+            self._deliver(*held)
 
     def _fill(self, probe: bool = False) -> None:
         """Replay what the index misses (or, for a probe, the tail of the stream)."""
@@ -188,6 +236,7 @@ class Subscription:
             if seq == END_SEQ:
                 return True, first
             first = seq if first is None else first
+            self.replayed += 1
             self.index.apply(self.instance, seq, frames[3])
 
     def _close_sockets(self) -> None:

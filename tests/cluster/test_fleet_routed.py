@@ -1,0 +1,106 @@
+"""A fleet of processes routed by KV events (``radixkv cluster --processes N --routing kv_events``), against the
+simulator.
+
+Real worker processes publish their caches' KV events on real ZMQ sockets on loopback; the
+coordinator's router subscribes to each and routes from what it heard alone. It must route, hit,
+miss and mispredict exactly as the in-process ``Cluster(routing="kv_events")`` does, faults in the
+streams included (the same seeded draws, applied to what each subscription hears), its view must
+equal every worker's HBM at the end, and every hit page's bytes must be right. A missing
+redis-server fails these under ``CI=true`` and skips them elsewhere, as the other fleet tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import signal
+
+import pytest
+
+from radixkv.cluster import Cluster
+from radixkv.errors import ArgumentValueError
+from radixkv.fleet import Fleet, FleetError
+from radixkv.workload.generators import write_token_jsonl
+
+from ..tiers.test_redis import _require_redis
+from .test_fleet_processes import BLOCKS, PS, STORE_BLOCKS, conversations, radixkv
+
+FAULTS = "drop=0.2,duplicate=0.2,reorder=0.2,seed=3"
+TIMING = ("wall_seconds", "store", "store_stats", "router_us_per_request", "router_stats")
+"""Fields that differ by nature: times, the store's URL and counters (a Redis store's first contact costs
+a round trip), and the streams' counters (compared apart)."""
+
+
+def simulate(requests, faults=None, instances=2):
+    return Cluster(instances, BLOCKS, PS, routing="kv_events", store="memory", store_blocks=STORE_BLOCKS,
+                   event_faults=faults).replay(requests, miss_reasons=True).as_dict()
+
+
+def assert_routed_as_simulated(got: dict, want: dict, processes: int = 2) -> None:
+    for field, value in want.items():
+        if field not in TIMING:
+            assert got[field] == value, field
+    # the same streams: every batch heard, dropped, repeated, held and replayed alike; the fleet's
+    # router also probed each stream once at the start (its SUB socket joining)
+    st, sim = dict(got["router_stats"]), want["router_stats"]
+    assert st.pop("late") == 0
+    assert st.pop("batches_replays") == sim["batches_replays"] + processes
+    assert st == {k: v for k, v in sim.items() if k != "batches_replays"}
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return conversations(num=7, turns=8)
+
+
+def test_a_routed_fleet_routes_hits_and_predicts_exactly_as_the_simulator(requests):
+    _require_redis()
+    with Fleet(2, BLOCKS, PS, routing="kv_events", store_blocks=STORE_BLOCKS, miss_reasons=True) as fleet:
+        result = fleet.replay(requests)
+        got = result.as_dict()
+    want = simulate(requests)
+    assert_routed_as_simulated(got, want)
+    assert got["routing"] == "kv_events" and got["event_faults"] is None
+    assert got["router_false_hit_pages"] == 0 and got["router_divergent_pages"] == 0
+    assert result.wrong_pages == 0 and result.verified_pages > 0
+    # the router kept conversations where their history is: served from HBM, where round robin needs the store
+    rr = Cluster(2, BLOCKS, PS, store="memory", store_blocks=STORE_BLOCKS).replay(requests)
+    assert got["hit_tokens_by_tier"]["hbm"] > rr.hit_tokens_by_tier.get("hbm", 0)
+
+
+def test_the_command_with_faulty_streams_recovers_as_the_simulator(requests, tmp_path):
+    _require_redis()
+    path = tmp_path / "turns.jsonl"
+    write_token_jsonl(requests, str(path))
+    proc = radixkv("cluster", str(path), "--processes", "2", "--routing", "kv_events", "--event-faults", FAULTS,
+                   "--num-blocks", str(BLOCKS), "--page-size", str(PS), "--store-blocks", str(STORE_BLOCKS),
+                   "--json", "--quiet")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    got = json.loads(out)
+    want = simulate(requests, FAULTS)
+    assert_routed_as_simulated(got, want)
+    st = got["router_stats"]
+    assert min(st["batches_dropped"], st["batches_duplicated"], st["batches_reordered"], st["gaps"]) > 0
+    assert got["event_faults"] == FAULTS and got["router_false_hit_pages"] > 0
+    assert got["router_divergent_pages"] == 0 and got["wrong_pages"] == 0
+
+
+def test_a_killed_worker_ends_a_routed_replay_naming_it(requests):
+    _require_redis()
+    with Fleet(2, BLOCKS, PS, routing="kv_events", timeout=20) as fleet:
+        os.kill(fleet.workers[1].process.pid, signal.SIGKILL)
+        with pytest.raises(FleetError, match=r"worker 1 \(pid \d+\).*(killed by signal 9|closed its pipe)"):
+            fleet.replay(requests * 2)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(routing="cache_aware"), "a fleet routes 'round_robin' or 'kv_events'"),
+    (dict(event_faults="drop=0.1"), "event_faults needs routing='kv_events'"),
+    (dict(routing="kv_events", event_faults="drop=2"), "must be a number in [0, 1)"),
+    (dict(routing="kv_events", event_faults=0.1), "event_faults must be an EventFaults or its spec"),
+])
+def test_bad_routing_arguments_are_refused_before_any_process_starts(kwargs, message):
+    with pytest.raises(ArgumentValueError, match=re.escape(message)):
+        Fleet(2, BLOCKS, PS, store="redis://127.0.0.1:1", **kwargs)
