@@ -5,11 +5,13 @@
 :class:`~radixkv.cluster.Cluster`-like fleet in a process of its own, each
 embedding its own :class:`~radixkv.tiers.TieredCache` over the shared
 :class:`~radixkv.store.PageStore`, and reports what the in-process simulator
-reports (round robin routing), with every hit page's bytes checked. Modules:
+reports (round robin, or routed by the workers' KV events), with every hit page's bytes checked. Modules:
 :mod:`~radixkv.fleet.server` (the redis-server a fleet starts when it is given
 no store), :mod:`~radixkv.fleet.worker` (one
 serving process, its payloads and checks), :mod:`~radixkv.fleet.coordinator`
-(starting, feeding, counting, stopping).
+(starting, feeding, counting, stopping), :mod:`~radixkv.fleet.routed` (with
+``routing="kv_events"``, the router that hears each worker's KV events over ZMQ
+and routes from them alone).
 """
 
 from .coordinator import Fleet, FleetError, FleetResult, replay_fleet

@@ -8,7 +8,7 @@ and, when it is given no store URL, the redis-server they share
 the store URL's ``?capacity=``: an exact LRU the server keeps
 (:mod:`radixkv.store.redis_lru`), so the processes evict what the simulator's
 in-process store evicts. :meth:`Fleet.replay` routes round
-robin (request ``i`` to worker ``i % N``) and keeps the simulator's books:
+robin (request ``i`` to worker ``i % N``) or by KV events (below) and keeps the simulator's books:
 one :class:`~radixkv.analysis.stats.ReplayStats` per instance here, fed through
 :func:`radixkv.cluster.count_request` with what the workers report, and the
 totals as a :class:`~radixkv.cluster.ClusterResult`
@@ -103,7 +103,8 @@ class FleetResult:
     only processes have.
 
     Attributes:
-        cluster: the same totals as ``Cluster(...).replay`` (round robin, no lending).
+        cluster: the same totals as ``Cluster(...).replay`` (the fleet's routing, no lending; with
+            ``kv_events`` the router's scores too).
         processes: serving processes (one instance each).
         wrong_pages: hit pages whose payload differed from what their tokens must hold (must be 0).
         verified_pages: hit pages checked, bit for bit.
@@ -407,14 +408,16 @@ class Fleet:
                on_record: Optional[Callable[[RequestRecord, int], None]] = None,
                model: Union[str, ModelSpec] = DEFAULT_MODEL,
                hardware: Union[str, HardwareSpec] = DEFAULT_HARDWARE) -> FleetResult:
-        """Serve ``requests`` in order across the processes, round robin; return the totals.
+        """Serve ``requests`` in order across the processes, as the fleet routes; return the totals.
 
         As :meth:`radixkv.cluster.Cluster.replay` (``on_request``, ``on_record`` with the instance, ``model``
         / ``hardware``; miss reasons as the fleet was made), with ``store`` / ``store_stats`` from the
         shared store and the payload checks (``wrong_pages``). Raises :class:`FleetError` (the fleet is
         then unusable: close it) when a worker dies, raises or hangs. Cost per request: the worker's
         admission with its store round trips, one semaphore hand-off, and the accounting here, which
-        overlaps the serving.
+        overlaps the serving; routed by KV events, also the worker's publishing, the router's hashing
+        and the wait for the batch to be heard, none of it overlapped (about 20 ms a request on the
+        conversation trace on 2 busy cores).
         """
         if not self._idle:
             raise FleetError("this fleet failed or is replaying already: close it and start another")

@@ -77,3 +77,55 @@ def test_a_publisher_restarted_on_the_same_endpoint_resets_the_view(tmp_path):
                     break
             assert deadline_ok, index.status("engine")
         assert sub.error is None and isinstance(zmq.Context.instance(), zmq.Context)
+
+
+def test_a_faulty_live_subscription_hears_what_the_simulators_link_delivers():
+    """Faults on what a real SUB socket hears, batch by batch (``wait_heard``), leave the index where the
+    in-process link with the same faults and instance leaves it: the same counters after every batch,
+    and after the final probe both views equal the engine's HBM."""
+    from radixkv.events.wire import encode_batch
+    from radixkv.router import EventFaults, EventLink
+
+    faults = EventFaults(drop=0.25, duplicate=0.25, reorder=0.25, seed=5)
+    cache = PrefixCache(num_blocks=24, page_size=4, enable_events=True)
+    prompts = [[(t * 7 + i) % 50 for t in range(4 * (1 + i % 5))] for i in range(40)]
+    sim = KVIndex()
+    link = EventLink(sim, 0, faults)
+    counters = ("applied", "duplicates", "gaps", "next_seq", "stale")
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        router = KVRouter(KVIndex(), page_size=4)
+        with router:
+            sub = router.subscribe(pub.endpoint, 0, pub.replay_endpoint, idle_probe=None, faults=faults)
+            assert sub.probe(10)                                      # a replay round trip: the SUB socket joined
+            for tokens in prompts:
+                cache.admit(tokens).release()
+                events = cache.take_events()
+                if not events:
+                    continue
+                link.publish(encode_batch(events, ts=0.0))
+                seq = pub.publish(events, ts=0.0)
+                assert sub.wait_heard(seq, timeout=10), seq
+                live, want = router.index.status(0), sim.status(0)
+                assert [getattr(live, c) for c in counters] == [getattr(want, c) for c in counters], seq
+                assert router.index.block_hashes(0) == sim.block_hashes(0)
+            assert sub.wire.dropped == link.dropped > 0 and sub.wire.reordered == link.reordered > 0
+            assert sub.wire.duplicated == link.duplicated > 0 and sub.replays > 1
+            link.flush()
+            assert sub.probe(10)
+            assert router.index.block_hashes(0) == sim.block_hashes(0) == hbm(cache)
+            assert not sub.wait_heard(10_000, timeout=0.05)           # a batch never sent is never heard
+
+
+def test_a_bad_idle_probe_or_faults_is_refused_before_any_socket_opens():
+    import pytest
+
+    from radixkv.errors import ArgumentTypeError, ArgumentValueError
+    from radixkv.router.subscriber import Subscription
+
+    index = KVIndex()
+    for bad in (0, -1, True, "1"):
+        with pytest.raises(ArgumentValueError, match="idle_probe must be a number of seconds > 0 or None"):
+            Subscription(index, "tcp://127.0.0.1:1", "e", idle_probe=bad)
+    with pytest.raises(ArgumentTypeError, match="faults must be EventFaults"):
+        Subscription(index, "tcp://127.0.0.1:1", "e", faults="drop=0.1")
+    assert index.instances == []
