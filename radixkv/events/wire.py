@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-from ..errors import ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
 from .log import (
     AllBlocksCleared,
     BlockDemoted,
@@ -159,8 +159,14 @@ def _modules() -> Tuple[Any, Any]:
         import msgspec
         import zmq
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(f"KV events on the wire need pyzmq and msgspec: pip install 'radixkv[events]' ({exc})") from exc
+        raise MissingExtraError(f"KV events on the wire need pyzmq and msgspec: pip install 'radixkv[events]' ({exc})") from exc
     return zmq, msgspec
+
+
+def require_extras() -> None:
+    """Raise :class:`~radixkv.errors.MissingExtraError` (naming ``radixkv[events]``) unless pyzmq and msgspec
+    import: for a caller that would otherwise find out only after starting processes."""
+    _modules()
 
 
 _STRUCTS: Dict[str, Any] = {}
@@ -413,5 +419,5 @@ def publish_from(cache: Any, publisher: ZmqEventPublisher) -> Optional[int]:
         raise
 
 
-__all__ = ["END_SEQ", "WIRE_MEDIUM", "ZmqEventPublisher", "encode_batch", "publish_from", "to_vllm_events",
-           "wire_medium"]
+__all__ = ["END_SEQ", "WIRE_MEDIUM", "ZmqEventPublisher", "encode_batch", "publish_from", "require_extras",
+           "to_vllm_events", "wire_medium"]

@@ -33,9 +33,9 @@ before were heard. No baton then: the coordinator keeps the order, one request a
 **Failures.** A worker that dies (killed, crashed) or raises is noticed at
 once (its process sentinel, or its error message); one that stops making
 progress for ``timeout`` seconds (no request served fleet-wide) is named as
-the one holding the baton. Either way :class:`FleetError` says which worker
-in one line, after every process and the redis-server the fleet started are
-stopped. Ctrl-C stops them too (:meth:`Fleet.close`, from ``with``), and so does a SIGTERM
+the one holding the baton (routed by KV events: the one the request was sent
+to). Either way :class:`FleetError` says which worker in one line, after every
+process and the redis-server the fleet started are stopped. Ctrl-C stops them too (:meth:`Fleet.close`, from ``with``), and so does a SIGTERM
 (``timeout``, ``kill``, a job scheduler): a fleet made in the main thread of a process that left SIGTERM
 to its default turns it into ``SystemExit(143)`` while it is open, so the servers it started are not left
 running without their owner.
@@ -61,7 +61,7 @@ from ..router.link import EventFaults
 from ..analysis.stats import ReplayStats, RequestRecord
 from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
-from ..errors import ArgumentValueError, RadixKVError
+from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError, RadixKVError
 from ..keys import as_tokens, check_namespace, check_positive_int
 from ..store.backends import bounded, redact
 from ..tiers.tiered import default_cost_model
@@ -193,9 +193,13 @@ class Fleet:
         if isinstance(event_faults, str):
             event_faults = EventFaults.parse(event_faults)
         elif event_faults is not None and not isinstance(event_faults, EventFaults):
-            raise ArgumentValueError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
+            raise ArgumentTypeError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
         if event_faults is not None and routing != "kv_events":
             raise ArgumentValueError(f"event_faults needs routing='kv_events', got routing {routing!r}")
+        if routing == "kv_events":  # before any process starts: the environment's fault, said as such
+            from ..events.wire import require_extras
+
+            require_extras()
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(page_size, "page_size")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
@@ -229,6 +233,8 @@ class Fleet:
         :class:`~radixkv.store.mooncake_backend.MooncakeMaster` (``None``: it was given a store URL)."""
         self.store_capacity_pages = bound
         self.workers: List[_Worker] = []
+        self._totals: List[Dict[str, Any]] = [{} for _ in range(processes)]  # each worker's, at the last replay's end
+        self._requests0 = [0] * processes  # each worker's requests served when this replay began
         self._next = 0  # the worker the next request goes to (round robin)
         self._start = 0  # the worker of the replay's first request
         self._idle = False  # no replay under way and none failed: the workers read their pipes
@@ -266,6 +272,8 @@ class Fleet:
                 try:
                     self.router = FleetRouter([w.endpoints for w in self.workers], page_size, self.event_faults,
                                               timeout=self.timeout)
+                except MissingExtraError:
+                    raise
                 except RadixKVError as exc:
                     raise FleetError(str(exc)) from None
             self._batons[0].release()  # request 0 is worker 0's
@@ -431,11 +439,14 @@ class Fleet:
         self._start = self._next
         self._served.value = 0
         serve = self._serve_routed if self.router is not None else self._serve_in_turn
+        before = self.router.counters() if self.router is not None else None
+        self._requests0 = [w.requests for w in self.workers]
         count, wrong, verified = serve(requests, stats, on_request, on_record)
         totals = [self._receive(w, "totals", progress=False)[1] for w in self._ask_all("totals")]
-        router = self._finish_router(count) if self.router is not None else {}
+        since, self._totals = [_since(now, then) for now, then in zip(totals, self._totals)], totals
+        router = self._finish_router(count, before) if self.router is not None else {}
         self._idle = True
-        return self._result(stats, totals, count, wrong, verified, time.perf_counter() - start, router)
+        return self._result(stats, since, count, wrong, verified, time.perf_counter() - start, router)
 
     def _serve_in_turn(self, requests: Iterable[Request], stats: List[ReplayStats],
                        on_request: Optional[Callable], on_record: Optional[Callable]) -> Tuple[int, int, int]:
@@ -490,13 +501,17 @@ class Fleet:
             i = route.instance
             w = self.workers[i]
             try:
-                w.inbox.send(("serve", request.namespace))
-                w.inbox.send_bytes(tokens)
-            except OSError:  # its pipe broke: say which worker, and why
-                time.sleep(WAIT_SLICE)
-                self._check([None, 0.0])
-                raise FleetError(f"{w.describe()} closed its pipe") from None
-            _, data = self._receive(w, "rows", progress=False)
+                try:
+                    w.inbox.send(("serve", request.namespace))
+                    w.inbox.send_bytes(tokens)
+                except OSError:  # its pipe broke: say which worker, and why
+                    time.sleep(WAIT_SLICE)
+                    self._check([None, 0.0])
+                    raise FleetError(f"{w.describe()} closed its pipe") from None
+                _, data = self._receive(w, "rows", progress=False)
+            except BaseException:
+                router.failed(route)
+                raise
             hit, new, declined, evicted, other, bad, checked, batch, *loads = \
                 np.frombuffer(data, dtype=np.int64).tolist()
             try:
@@ -512,19 +527,19 @@ class Fleet:
             count += 1
         return count, wrong, verified
 
-    def _finish_router(self, count: int) -> Dict[str, Any]:
-        """The router's fields of the result, once every stream was probed: scored against the workers' HBM."""
+    def _finish_router(self, count: int, before: Tuple[int, int, float]) -> Dict[str, Any]:
+        """The router's fields of this replay's result, once every stream was probed: scored against the
+        workers' HBM (the streams' counters are the fleet's so far, as the simulator's)."""
         router = self.router
         try:
             router.finish()
         except RadixKVError as exc:
             raise FleetError(str(exc)) from None
         residencies = [self._receive(w, "residency", progress=False)[1] for w in self._ask_all("residency")]
-        return dict(event_faults=self.event_faults.spec, router_false_hit_pages=router.false_hit_pages,
-                    router_missed_pages=router.missed_pages,
+        false, missed, seconds = (now - then for now, then in zip(router.counters(), before))
+        return dict(event_faults=self.event_faults.spec, router_false_hit_pages=false, router_missed_pages=missed,
                     router_divergent_pages=router.divergent_pages(residencies),
-                    router_us_per_request=router.seconds / count * 1e6 if count else 0.0,
-                    router_stats=router.stats())
+                    router_us_per_request=seconds / count * 1e6 if count else 0.0, router_stats=router.stats())
 
     def _ask_all(self, what: str) -> List[_Worker]:
         for w in self.workers:
@@ -539,7 +554,7 @@ class Fleet:
         by_tier = sum_counts(t["hit_tokens_by_tier"] for t in totals)
         cluster = ClusterResult(
             routing=self.routing, borrowing=False, instances=self.processes, num_blocks=self.num_blocks,
-            requests=count, hit_tokens_by_tier=by_tier, requests_by_instance=[w.requests for w in self.workers],
+            requests=count, hit_tokens_by_tier=by_tier, requests_by_instance=[w.requests - r for w, r in zip(self.workers, self._requests0)],
             blocks_lent=0, bytes_lent=0, blocks_recalled=0, blocks_moved=0, pages_demoted_on_recall=0, refusals=0,
             bytes_by_link={}, lending="free", pages_evicted_to_lend=0,
             borrowed_hit_tokens=0, borrowed_transfer_seconds=0.0, manager_seconds=0.0, manager_us_per_request=0.0,
@@ -596,6 +611,13 @@ def _terminated(signum: int, frame: Any) -> None:
     """SIGTERM while a fleet is open: unwind (``with`` and ``finally`` blocks run, :meth:`Fleet.close` among
     them), exiting with the status a SIGTERM death reports to a shell."""
     raise SystemExit(128 + signum)
+
+
+def _since(now: Dict[str, Any], then: Dict[str, Any]) -> Dict[str, Any]:
+    """A worker's cumulative totals (:meth:`~radixkv.fleet.worker.Worker.totals`) less those at the last replay's
+    end: what this replay added, as every count of a cluster result is its replay's own. O(counters)."""
+    return {name: {k: v - then.get(name, {}).get(k, 0) for k, v in counts.items()}
+            for name, counts in now.items() if isinstance(counts, dict)}
 
 
 def _last_words(w: _Worker) -> str:

@@ -15,8 +15,13 @@ events arrive before the next request does, which makes the run deterministic an
 simulator's ``Cluster(routing="kv_events")``. A batch lost on the wire (``faults``) is, as there,
 noticed when the worker's next batch shows the gap, and replayed then; no timer probes a quiet
 stream (a probe's timing would make the figures depend on the machine's speed). A batch not heard
-within :data:`HEARD_SECONDS` (the SUB socket still joining when it was sent) is fetched by a probe
-and counted in ``late``.
+within :data:`HEARD_SECONDS` (the SUB socket still joining when it was sent, or a machine too busy)
+is fetched by a replay and handled as if heard, through the same fault draws
+(:meth:`~radixkv.router.subscriber.Subscription.catch_up`): the run stays the one it would have
+been, and ``late`` counts it.
+
+``router_us_per_request`` here is the router's hashing and choosing plus the wait for the batch
+to be heard over ZMQ (the simulator's counts encoding, applying and choosing, in one process).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import RadixKVError
+from ..errors import MissingExtraError, RadixKVError
 from ..events.log import MEDIUM_GPU
 from ..router import EventFaults, KVIndex, KVRouter, Route
 
@@ -44,7 +49,8 @@ class FleetRouter:
         timeout: seconds a probe may take.
         balance: as :class:`~radixkv.router.KVRouter`.
 
-    Raises :class:`~radixkv.errors.RadixKVError` when a subscription's thread fails. Needs pyzmq and msgspec.
+    Raises :class:`~radixkv.errors.RadixKVError` naming the worker when a subscription cannot connect or
+    its thread fails, and :class:`~radixkv.errors.MissingExtraError` without pyzmq and msgspec.
     """
 
     def __init__(self, endpoints: Sequence[Tuple[str, str]], page_size: int, faults: Optional[EventFaults] = None,
@@ -56,9 +62,15 @@ class FleetRouter:
         self.subscriptions = []
         try:
             for i, (pub, replay) in enumerate(endpoints):
-                self.subscriptions.append(self.router.subscribe(pub, i, replay, idle_probe=None,
-                                                                faults=faults if self.faults.any else None))
-            for sub in self.subscriptions:  # a replay round trip each: their SUB sockets joined meanwhile
+                try:
+                    sub = self.router.subscribe(pub, i, replay, idle_probe=None,
+                                                faults=faults if self.faults.any else None)
+                except MissingExtraError:
+                    raise
+                except RadixKVError as exc:
+                    raise RadixKVError(f"the router's subscription to worker {i}: {exc}") from None
+                self.subscriptions.append(sub)
+            for sub in self.subscriptions:  # a replay round trip each: the streams answer
                 self._probe(sub)
         except BaseException:
             self.close()
@@ -92,8 +104,19 @@ class FleetRouter:
             if not sub.wait_heard(batch, HEARD_SECONDS):
                 self._raise_if_failed(sub)
                 self.late += 1
-                self._probe(sub)
+                if not (sub.catch_up(batch, self.timeout) and sub.wait_heard(batch, 0)):
+                    self._raise_if_failed(sub)
+                    raise RadixKVError(f"the router neither heard nor fetched event batch {batch} of worker "
+                                       f"{route.instance} within {HEARD_SECONDS + self.timeout:g} s")
         self.seconds += time.perf_counter() - start
+
+    def failed(self, route: Route) -> None:
+        """The request routed by ``route`` was not served (its worker failed): take it out of flight."""
+        self.router.done(route.instance)
+
+    def counters(self) -> Tuple[int, int, float]:
+        """(false-hit pages, missed pages, seconds) so far: a replay reports its own as a difference."""
+        return self.false_hit_pages, self.missed_pages, self.seconds
 
     def finish(self) -> None:
         """Every stream probed (what faults hold back delivered, the tail replayed): the index then has every

@@ -5,7 +5,7 @@ and runs :func:`run_worker`: it builds a :class:`~radixkv.tiers.TieredCache`
 (:func:`~radixkv.tiers.config.build_cache`) over the shared page store
 (:func:`~radixkv.tiers.config.open_store`), says it is ready, then serves the
 batches of requests the coordinator sends it, one request at a time and only
-when it holds the *baton*: request ``i`` goes to worker ``i % N``, which waits
+when it holds the *baton*: routed round robin, request ``i`` goes to worker ``i % N``, which waits
 on its semaphore, serves the request (admit, write the new pages' payload,
 release: the store has every page the request wrote) and posts the next
 worker's semaphore. So the fleet serves the trace strictly in order, each

@@ -67,8 +67,9 @@ class Subscription:
                 raise ArgumentTypeError(f"{name} must be a str, got {value!r}")
         if replay_endpoint is not None and not isinstance(replay_endpoint, str):
             raise ArgumentTypeError(f"replay_endpoint must be a str or None, got {replay_endpoint!r}")
-        if idle_probe is not None and (isinstance(idle_probe, bool) or not isinstance(idle_probe, (int, float))
-                                       or not idle_probe > 0):
+        if idle_probe is not None and (isinstance(idle_probe, bool) or not isinstance(idle_probe, (int, float))):
+            raise ArgumentTypeError(f"idle_probe must be a number of seconds or None, got {idle_probe!r}")
+        if idle_probe is not None and not idle_probe > 0:
             raise ArgumentValueError(f"idle_probe must be a number of seconds > 0 or None, got {idle_probe!r}")
         wire = None if faults is None else FaultyWire(faults, instance)
         zmq = _zmq()
@@ -95,9 +96,13 @@ class Subscription:
             self._close_sockets()
             raise ArgumentValueError(f"cannot connect to {endpoint!r} / {replay_endpoint!r}: {exc}") from exc
         self._stop = threading.Event()
+        self._done = threading.Event()  # the thread ended (stopped or failed)
         self._probe = threading.Event()
         self._probed = threading.Condition()
         self._probes_done = 0
+        self._want_probe = False  # what the callers of probe() and catch_up() asked the thread for
+        self._catch_to: Optional[int] = None
+        self._fetched: Optional[Tuple[int, int]] = None  # batches fetched by catch_up and not heard since
         self.error: Optional[BaseException] = None
         """What stopped the thread, if anything did (it is not raised into the caller's thread)."""
         self._thread = threading.Thread(target=self._run, name=f"radixkv-kv-subscriber-{instance}", daemon=True)
@@ -115,8 +120,18 @@ class Subscription:
         the view a subscriber has once the batch arrived, lost or not; unlike :meth:`wait` it never
         asks for a replay itself. True if within ``timeout`` seconds (False also once closed)."""
         with self._handled:
-            return self._handled.wait_for(lambda: self._heard >= seq or self._stop.is_set() or
-                                          not self._thread.is_alive(), timeout) and self._heard >= seq
+            return self._handled.wait_for(lambda: self._heard >= seq or self._done.is_set() or self._stop.is_set(),
+                                          timeout) and self._heard >= seq
+
+    def catch_up(self, seq: int, timeout: float = 5.0) -> bool:
+        """Fetch by a replay the batches the publisher sent up to ``seq`` that were not heard (a SUB socket
+        that had not joined yet when they were sent drops them), and handle them as if heard:
+        through the faults' draws, so a run with faults stays the one it would have been. A copy of
+        one that arrives late on the SUB socket is then skipped. True if done within ``timeout``.
+
+        The numbers are the stream's since the subscription began: after a publisher restart, a
+        ``seq`` below the last heard one is already "heard" (so is :meth:`wait_heard`'s)."""
+        return self._ask_thread(timeout, catch_to=seq)
 
     def wait(self, seq: int, timeout: float = 10.0) -> bool:
         """Block until batch ``seq`` is applied with no gap before it, probing the replay socket
@@ -136,10 +151,19 @@ class Subscription:
 
         The way to make the view current before reading it (a test's, or a router's after a
         quiet spell). True if done within ``timeout`` seconds."""
+        return self._ask_thread(timeout, probe=True)
+
+    def _ask_thread(self, timeout: float, *, probe: bool = False, catch_to: Optional[int] = None) -> bool:
+        """Ask the thread for a probe or a catch-up and wait until it was done (False at once if it ended)."""
         with self._probed:
             target = self._probes_done + 1
+            self._want_probe = self._want_probe or probe
+            if catch_to is not None:
+                self._catch_to = catch_to if self._catch_to is None else max(self._catch_to, catch_to)
             self._probe.set()
-            return self._probed.wait_for(lambda: self._probes_done >= target or self._stop.is_set(), timeout)
+            self._probed.wait_for(lambda: self._probes_done >= target or self._done.is_set() or self._stop.is_set(),
+                                  timeout)
+            return self._probes_done >= target and not self._done.is_set()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread and close the sockets. Idempotent."""
@@ -156,8 +180,15 @@ class Subscription:
             while not self._stop.is_set():
                 if self._probe.is_set():
                     self._probe.clear()
-                    self._release()
-                    self._fill(probe=True)
+                    with self._probed:
+                        probe, self._want_probe = self._want_probe, False
+                        catch_to, self._catch_to = self._catch_to, None
+                    if catch_to is not None:
+                        self._catch_up(catch_to)
+                    if probe:
+                        self._release()
+                        self._fill(probe=True)
+                    self._settle()
                     with self._probed:
                         self._probes_done += 1
                         self._probed.notify_all()
@@ -171,9 +202,7 @@ class Subscription:
                         self._take(frames)
                     if self.index.replay_from(self.instance) is not None:
                         self._fill()
-                    with self._handled:  # only now: a waiter reads the view with the round's gaps filled
-                        self._heard = self._taken
-                        self._handled.notify_all()
+                    self._settle()  # only now: a waiter reads the view with the round's gaps filled
                     continue
                 idle += 0.02
                 if self.idle_probe is not None and idle >= self.idle_probe:
@@ -183,11 +212,17 @@ class Subscription:
         except BaseException as exc:  # a closed context, a bug: kept for the owner to see
             self.error = exc
         finally:
+            self._done.set()
             with self._probed:
                 self._probes_done += 1
                 self._probed.notify_all()
             with self._handled:
                 self._handled.notify_all()
+
+    def _settle(self) -> None:
+        with self._handled:
+            self._heard = self._taken
+            self._handled.notify_all()
 
     def _take(self, frames: Any) -> None:
         self.received += 1
@@ -195,12 +230,46 @@ class Subscription:
             self.bad_frames += 1
             return
         seq = int.from_bytes(frames[1], "big")
+        if self._fetched is not None:
+            first, last = self._fetched
+            if first <= seq <= last:  # a late copy of a batch catch_up handled: heard already
+                self._fetched = (seq + 1, last) if seq < last else None
+                return
+            if seq > last:
+                self._fetched = None
+        self._hear(seq, frames[2])
+
+    def _hear(self, seq: int, payload: bytes) -> None:
         if self.wire is None:
-            self.index.apply(self.instance, seq, frames[2])
+            self.index.apply(self.instance, seq, payload)
         else:  # as the simulator's link: each delivery applied, and a gap it shows filled at once
-            for item in self.wire.carry(seq, frames[2]):
+            for item in self.wire.carry(seq, payload):
                 self._deliver(*item)
         self._taken = seq
+
+    def _catch_up(self, upto: int) -> None:
+        """Replay from the batch after the last heard, and hear those up to ``upto`` (see :meth:`catch_up`)."""
+        start = self._taken + 1
+        if self._replay is None or start > upto:
+            return
+        self.replays += 1
+        self._replay.send_multipart((b"", start.to_bytes(8, "big")))
+        got = []
+        while self._replay.poll(REPLAY_TIMEOUT_MS):
+            frames = self._replay.recv_multipart()
+            if len(frames) != 4 or len(frames[2]) != 8:
+                self.bad_frames += 1
+                continue
+            seq = int.from_bytes(frames[2], "big", signed=True)
+            if seq == END_SEQ:
+                break
+            if start <= seq <= upto:
+                got.append((seq, frames[3]))
+        if got:
+            self._fetched = (got[0][0], got[-1][0])
+            for seq, payload in got:
+                self.replayed += 1
+                self._hear(seq, payload)
 
     def _deliver(self, seq: int, payload: bytes) -> None:
         self.index.apply(self.instance, seq, payload)

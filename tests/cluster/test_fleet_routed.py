@@ -15,11 +15,12 @@ import json
 import re
 import os
 import signal
+import sys
 
 import pytest
 
 from radixkv.cluster import Cluster
-from radixkv.errors import ArgumentValueError
+from radixkv.errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
 from radixkv.fleet import Fleet, FleetError
 from radixkv.workload.generators import write_token_jsonl
 
@@ -56,11 +57,16 @@ def requests():
 
 def test_a_routed_fleet_routes_hits_and_predicts_exactly_as_the_simulator(requests):
     _require_redis()
+    more = conversations(num=5, turns=4, seed=1)
     with Fleet(2, BLOCKS, PS, routing="kv_events", store_blocks=STORE_BLOCKS, miss_reasons=True) as fleet:
         result = fleet.replay(requests)
         got = result.as_dict()
-    want = simulate(requests)
+        again = fleet.replay(more).as_dict()  # a second replay on the same fleet reports its own counts
+    cluster = Cluster(2, BLOCKS, PS, routing="kv_events", store="memory", store_blocks=STORE_BLOCKS)
+    want = cluster.replay(requests, miss_reasons=True).as_dict()
     assert_routed_as_simulated(got, want)
+    assert_routed_as_simulated(again, cluster.replay(more, miss_reasons=True).as_dict())
+    assert again["requests"] == len(more)
     assert got["routing"] == "kv_events" and got["event_faults"] is None
     assert got["router_false_hit_pages"] == 0 and got["router_divergent_pages"] == 0
     assert result.wrong_pages == 0 and result.verified_pages > 0
@@ -87,20 +93,35 @@ def test_the_command_with_faulty_streams_recovers_as_the_simulator(requests, tmp
     assert got["router_divergent_pages"] == 0 and got["wrong_pages"] == 0
 
 
-def test_a_killed_worker_ends_a_routed_replay_naming_it(requests):
+def test_a_worker_killed_mid_replay_ends_it_naming_the_worker_and_nothing_stays_in_flight(requests):
     _require_redis()
     with Fleet(2, BLOCKS, PS, routing="kv_events", timeout=20) as fleet:
-        os.kill(fleet.workers[1].process.pid, signal.SIGKILL)
-        with pytest.raises(FleetError, match=r"worker 1 \(pid \d+\).*(killed by signal 9|closed its pipe)"):
-            fleet.replay(requests * 2)
+        victim = fleet.workers[1].process
+
+        def kill_after_five(request, instance, served=[0]):
+            served[0] += 1
+            if served[0] == 5:
+                os.kill(victim.pid, signal.SIGKILL)
+
+        with pytest.raises(FleetError, match=rf"worker 1 \(pid {victim.pid}\) (died \(killed by signal 9\)|closed "
+                                             rf"its pipe)"):
+            fleet.replay(requests * 3, on_request=kill_after_five)
+        assert sum(fleet.router.router.in_flight.values()) == 0
+    assert fleet.workers == [] and not victim.is_alive()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(routing="cache_aware"), "a fleet routes 'round_robin' or 'kv_events'"),
-    (dict(event_faults="drop=0.1"), "event_faults needs routing='kv_events'"),
-    (dict(routing="kv_events", event_faults="drop=2"), "must be a number in [0, 1)"),
-    (dict(routing="kv_events", event_faults=0.1), "event_faults must be an EventFaults or its spec"),
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(routing="cache_aware"), ArgumentValueError, "a fleet routes 'round_robin' or 'kv_events'"),
+    (dict(event_faults="drop=0.1"), ArgumentValueError, "event_faults needs routing='kv_events'"),
+    (dict(routing="kv_events", event_faults="drop=2"), ArgumentValueError, "must be a number in [0, 1)"),
+    (dict(routing="kv_events", event_faults=0.1), ArgumentTypeError, "event_faults must be an EventFaults or its spec"),
 ])
-def test_bad_routing_arguments_are_refused_before_any_process_starts(kwargs, message):
-    with pytest.raises(ArgumentValueError, match=re.escape(message)):
+def test_bad_routing_arguments_are_refused_before_any_process_starts(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
         Fleet(2, BLOCKS, PS, store="redis://127.0.0.1:1", **kwargs)
+
+
+def test_without_pyzmq_a_routed_fleet_says_what_to_install_before_starting(monkeypatch):
+    monkeypatch.setitem(sys.modules, "zmq", None)  # import zmq now fails, as where it is not installed
+    with pytest.raises(MissingExtraError, match=re.escape("pip install 'radixkv[events]'")):
+        Fleet(2, BLOCKS, PS, store="redis://127.0.0.1:1", routing="kv_events")

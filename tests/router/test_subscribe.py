@@ -82,7 +82,9 @@ def test_a_publisher_restarted_on_the_same_endpoint_resets_the_view(tmp_path):
 def test_a_faulty_live_subscription_hears_what_the_simulators_link_delivers():
     """Faults on what a real SUB socket hears, batch by batch (``wait_heard``), leave the index where the
     in-process link with the same faults and instance leaves it: the same counters after every batch,
-    and after the final probe both views equal the engine's HBM."""
+    and after the final probe both views equal the engine's HBM. The first batch is sent before the
+    subscriber exists: ``catch_up`` fetches it and hears it through the same draws (were it applied
+    past them, every later draw would fall on another batch)."""
     from radixkv.events.wire import encode_batch
     from radixkv.router import EventFaults, EventLink
 
@@ -94,26 +96,51 @@ def test_a_faulty_live_subscription_hears_what_the_simulators_link_delivers():
     counters = ("applied", "duplicates", "gaps", "next_seq", "stale")
     with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
         router = KVRouter(KVIndex(), page_size=4)
+
+        def step(tokens):
+            cache.admit(tokens).release()
+            events = cache.take_events()
+            if events:
+                link.publish(encode_batch(events, ts=0.0))
+                return pub.publish(events, ts=0.0)
+
+        def same_as_the_link(seq):
+            live, want = router.index.status(0), sim.status(0)
+            assert [getattr(live, c) for c in counters] == [getattr(want, c) for c in counters], seq
+            assert router.index.block_hashes(0) == sim.block_hashes(0)
+
+        early = [step(prompts[0])]                  # nobody listens yet: the SUB never hears it (a fleet's slow joiner)
+        assert pub.flush()
         with router:
             sub = router.subscribe(pub.endpoint, 0, pub.replay_endpoint, idle_probe=None, faults=faults)
-            assert sub.probe(10)                                      # a replay round trip: the SUB socket joined
-            for tokens in prompts:
-                cache.admit(tokens).release()
-                events = cache.take_events()
-                if not events:
+            assert sub.catch_up(early[-1], 10) and sub.wait_heard(early[-1], 0)
+            same_as_the_link(early[-1])
+            for tokens in prompts[1:]:
+                seq = step(tokens)
+                if seq is None:
                     continue
-                link.publish(encode_batch(events, ts=0.0))
-                seq = pub.publish(events, ts=0.0)
-                assert sub.wait_heard(seq, timeout=10), seq
-                live, want = router.index.status(0), sim.status(0)
-                assert [getattr(live, c) for c in counters] == [getattr(want, c) for c in counters], seq
-                assert router.index.block_hashes(0) == sim.block_hashes(0)
+                if not sub.wait_heard(seq, timeout=2):                # the SUB socket still joining: as a fleet does
+                    assert sub.catch_up(seq, 10) and sub.wait_heard(seq, 0), seq
+                same_as_the_link(seq)
             assert sub.wire.dropped == link.dropped > 0 and sub.wire.reordered == link.reordered > 0
             assert sub.wire.duplicated == link.duplicated > 0 and sub.replays > 1
             link.flush()
             assert sub.probe(10)
             assert router.index.block_hashes(0) == sim.block_hashes(0) == hbm(cache)
             assert not sub.wait_heard(10_000, timeout=0.05)           # a batch never sent is never heard
+
+
+def test_a_dead_subscription_thread_answers_probes_and_waits_at_once():
+    with ZmqEventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
+        router = KVRouter(KVIndex(), page_size=4)
+        with router:
+            sub = router.subscribe(pub.endpoint, "e", pub.replay_endpoint, idle_probe=None)
+            sub._sub.close(linger=0)                                  # the thread's next poll raises
+            sub._thread.join(5)
+            assert sub.error is not None and not sub._thread.is_alive()
+            start = time.monotonic()
+            assert not sub.probe(30) and not sub.catch_up(3, 30) and not sub.wait_heard(0, 30)
+            assert time.monotonic() - start < 1
 
 
 def test_a_bad_idle_probe_or_faults_is_refused_before_any_socket_opens():
@@ -123,8 +150,11 @@ def test_a_bad_idle_probe_or_faults_is_refused_before_any_socket_opens():
     from radixkv.router.subscriber import Subscription
 
     index = KVIndex()
-    for bad in (0, -1, True, "1"):
+    for bad in (0, -1):
         with pytest.raises(ArgumentValueError, match="idle_probe must be a number of seconds > 0 or None"):
+            Subscription(index, "tcp://127.0.0.1:1", "e", idle_probe=bad)
+    for bad in (True, "1"):
+        with pytest.raises(ArgumentTypeError, match="idle_probe must be a number of seconds or None"):
             Subscription(index, "tcp://127.0.0.1:1", "e", idle_probe=bad)
     with pytest.raises(ArgumentTypeError, match="faults must be EventFaults"):
         Subscription(index, "tcp://127.0.0.1:1", "e", faults="drop=0.1")
