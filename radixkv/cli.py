@@ -1203,15 +1203,17 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         if store_url is not None or fleet:
             st = result.store_stats
             click.echo(f"shared store: {result.store_hit_tokens:,} tokens served, {st.get('pages_written', 0):,} "
-                       f"pages written, {st.get('round_trips', 0):,} round trips, "
-                       f"{st.get('integrity_misses', 0):,} integrity misses, {st.get('backend_errors', 0):,} errors")
+                       f"pages written, {st.get('round_trips', 0):,} round trips,\n"
+                       f"  {st.get('integrity_misses', 0):,} integrity misses, {st.get('backend_errors', 0):,} errors")
         if routing == "kv_events":
             st = result.router_stats
             click.echo(f"router: {result.router_false_hit_pages:,} false-hit pages, {result.router_missed_pages:,} "
-                       f"missed, {result.router_divergent_pages:,} pages off the instances' HBM at the end; "
-                       f"{st['batches_dropped']:,} batches dropped, {st['duplicates']:,} duplicates skipped, "
-                       f"{st['gaps']:,} gaps, {st['batches_replays']:,} replays, {st['lost']:,} lost; "
-                       f"{result.router_us_per_request:,.0f} us a request")
+                       f"missed, {result.router_divergent_pages:,} pages off the instances' HBM at the end,\n"
+                       f"  {result.router_us_per_request:,.0f} us a request"
+                       + (" (with the wait to hear each batch over ZMQ)" if fleet else "")
+                       + f"\nevent streams: {st['batches_dropped']:,} batches dropped, {st['duplicates']:,} "
+                       f"repeats skipped, {st['gaps']:,} gaps, {st['batches_replays']:,} replays, "
+                       f"{st['lost']:,} lost" + (f", {st['late']:,} fetched late" if "late" in st else ""))
         if borrowing:
             click.echo(f"lending: {result.blocks_lent:,} blocks lent ({result.bytes_lent / 2**30:,.2f} GiB), "
                        f"{result.blocks_recalled:,} recalled, {result.blocks_moved:,} moved, {result.refusals:,} "
