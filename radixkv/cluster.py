@@ -45,7 +45,7 @@ import numpy as np
 
 from . import policies as _policies
 from .cache import Admission
-from .errors import ArgumentValueError, LockError
+from .errors import ArgumentTypeError, ArgumentValueError, LockError
 from .keys import as_tokens, check_namespace, check_positive_int
 from .workload.traces import Request
 from .analysis.replay import pages_loaded
@@ -620,7 +620,7 @@ class Cluster:
         if isinstance(event_faults, str):
             event_faults = EventFaults.parse(event_faults)
         elif event_faults is not None and not isinstance(event_faults, EventFaults):
-            raise TierConfigError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
+            raise ArgumentTypeError(f"event_faults must be an EventFaults or its spec, got {event_faults!r}")
         if duplicates not in DUPLICATES:
             raise TierConfigError(f"duplicates must be one of {', '.join(DUPLICATES)}, got {duplicates!r}")
         self.duplicates = duplicates

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from radixkv.cli import main
 from radixkv.cluster import Cluster
-from radixkv.errors import ArgumentValueError
+from radixkv.errors import ArgumentTypeError, ArgumentValueError
 from radixkv.tiers.base import TierConfigError
 from radixkv.workload.sources import open_trace
 
@@ -69,6 +69,8 @@ def test_event_faults_need_kv_events_and_a_good_spec():
     for spec in ("drop=1", "drop=x", "lose=0.1", "drop=0.1,drop=0.2", "seed=-1", "seed=4294967296"):
         with pytest.raises(ArgumentValueError):
             Cluster(2, 10, 4, routing="kv_events", event_faults=spec)
+    with pytest.raises(ArgumentTypeError, match="event_faults must be an EventFaults or its spec"):
+        Cluster(2, 10, 4, routing="kv_events", event_faults=0.1)
 
 
 def cli(*args):
