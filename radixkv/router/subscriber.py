@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Hashable, Optional, Tuple
+from typing import Any, Hashable, List, Optional, Tuple
 
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError
 from .index import KVIndex, StreamStatus, fill_gaps
@@ -252,23 +252,10 @@ class Subscription:
         start = self._taken + 1
         if self._replay is None or start > upto:
             return
-        self.replays += 1
-        self._replay.send_multipart((b"", start.to_bytes(8, "big")))
-        got = []
-        while self._replay.poll(REPLAY_TIMEOUT_MS):
-            frames = self._replay.recv_multipart()
-            if len(frames) != 4 or len(frames[2]) != 8:
-                self.bad_frames += 1
-                continue
-            seq = int.from_bytes(frames[2], "big", signed=True)
-            if seq == END_SEQ:
-                break
-            if start <= seq <= upto:
-                got.append((seq, frames[3]))
+        got = [(seq, payload) for seq, payload in self._request_replay(start)[1] if seq <= upto]
         if got:
             self._fetched = (got[0][0], got[-1][0])
             for seq, payload in got:
-                self.replayed += 1
                 self._hear(seq, payload)
 
     def _deliver(self, seq: int, payload: bytes) -> None:
@@ -290,23 +277,31 @@ class Subscription:
         fill_gaps(self.index, self.instance, self._ask, probe=probe)
 
     def _ask(self, start: int) -> Tuple[bool, Optional[int]]:
-        """One replay request from ``start``: (the end marker came, the first sequence number sent)."""
+        """One replay request from ``start``, its batches applied: (the end marker came, the first sequence
+        number sent)."""
+        done, batches = self._request_replay(start)
+        for seq, payload in batches:
+            self.index.apply(self.instance, seq, payload)
+        return done, batches[0][0] if batches else None
+
+    def _request_replay(self, start: int) -> Tuple[bool, List[Tuple[int, bytes]]]:
+        """Ask the publisher's replay socket for its batches from ``start``: (the end marker came, the
+        batches in the order sent). An answer that pauses :data:`REPLAY_TIMEOUT_MS` is cut there."""
         self.replays += 1
         self._replay.send_multipart((b"", start.to_bytes(8, "big")))
-        first = None
-        while True:
-            if not self._replay.poll(REPLAY_TIMEOUT_MS):
-                return False, first
+        batches: List[Tuple[int, bytes]] = []
+        while self._replay.poll(REPLAY_TIMEOUT_MS):
             frames = self._replay.recv_multipart()
             if len(frames) != 4 or len(frames[2]) != 8:
                 self.bad_frames += 1
                 continue
             seq = int.from_bytes(frames[2], "big", signed=True)
             if seq == END_SEQ:
-                return True, first
-            first = seq if first is None else first
-            self.replayed += 1
-            self.index.apply(self.instance, seq, frames[3])
+                return True, batches
+            if seq >= start:
+                self.replayed += 1
+                batches.append((seq, frames[3]))
+        return False, batches
 
     def _close_sockets(self) -> None:
         for sock in (self._sub, self._replay):

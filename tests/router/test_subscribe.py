@@ -47,7 +47,8 @@ def test_a_late_subscriber_replays_what_it_missed_and_routes_to_the_cache_holdin
                 if sub.received:
                     break
                 time.sleep(0.02)
-                last = serve(cache, pub, [prompts[6 + i % 6]]) or last
+                last = serve(cache, pub, [[t + 1000 * (i + 20) for t in range(8)]])  # new pages: a batch
+            last = serve(cache, pub, [prompts[-1]]) or last    # back in HBM if the new pages pushed it out
             assert sub.wait(last, timeout=20), sub.status()
             assert router.index.block_hashes("engine") == hbm(cache)
             st = sub.status()
