@@ -29,9 +29,9 @@ from .workload.sources import TRACE_FORMATS, open_trace
 from .workload.tracefiles import replacing
 from .workload.traces import Request
 from .analysis.stats import MISS_REASONS
-from .workload.limits import (MAX_CAPACITY_BLOCKS, MAX_CLUSTER_BLOCKS, MAX_HELD_REQUESTS, MAX_HELD_TOKENS,
-                              MAX_INSTANCES, MAX_ITEMS, MAX_JOBS, MAX_PAGE_SIZE, MAX_REMOTE_HOSTS, MAX_REQUESTS,
-                              MAX_TENANTS, check_at_most, spell)
+from .workload.limits import (MAX_CAPACITY_BLOCKS, MAX_CLUSTER_BLOCKS, MAX_EVENT_LAG, MAX_HELD_REQUESTS,
+                              MAX_HELD_TOKENS, MAX_INSTANCES, MAX_ITEMS, MAX_JOBS, MAX_PAGE_SIZE, MAX_REMOTE_HOSTS,
+                              MAX_REQUESTS, MAX_TENANTS, check_at_most, spell)
 
 TABLE_WIDTH = 100
 """Default tables drop their rightmost default columns until they fit this many characters."""
@@ -1098,6 +1098,10 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @click.option("--event-faults", default=None, metavar="SPEC",
               help="With --routing kv_events, faults of the event streams, seeded: "
                    "drop=R,duplicate=R,reorder=R[,seed=N] (rates per batch in [0, 1)).")
+@click.option("--event-lag", default=0, show_default=True, type=int, callback=bounded(MAX_EVENT_LAG, minimum=0),
+              help=f"With --routing kv_events, routing decisions each batch of events takes to reach the router: "
+                   f"request i is routed knowing the events of the requests before i - N (at most "
+                   f"{spell(MAX_EVENT_LAG)}).")
 @click.option("--borrowing/--no-borrowing", default=False, show_default=True,
               help="Lend spare HBM between instances (Infinite-LLM).")
 @click.option("--lend-cap", default=0.5, show_default=True, type=click.FloatRange(0, 1),
@@ -1137,7 +1141,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
 @cost_options
 @user_errors
 def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory, host_blocks, routing, event_faults,
-                borrowing,
+                event_lag, borrowing,
                 lend_cap, low_watermark, lending, store_url, store_blocks, global_index, processes, policy,
                 policy_params, warmup, page_size,
                 fmt, trace_fmt, as_json, columns, limit, skip_bad, quiet, records, tokenizer_path, model, hardware,
@@ -1157,6 +1161,10 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
         raise ArgumentValueError(f"--policy {policy} needs each instance's future requests, which --routing {routing} "
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
     faults = event_faults_flag(event_faults, routing)
+    if event_lag and (routing != "kv_events" or processes is not None):
+        raise ArgumentValueError(f"--event-lag delays the KV events of the simulator's --routing kv_events"
+                                 + (f"; got --routing {routing}" if routing != "kv_events" else
+                                    "; with --processes the router hears each batch before the next request"))
     params = policy_specs([policy], policy_params).get(policy, ())
     policy_arg = policies.PolicySpec(policy, params) if params else policy
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)
@@ -1168,7 +1176,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
     if processes is None:
         cluster = Cluster(instances, num_blocks, page_size, policy_arg, host_blocks=host_blocks, borrowing=borrowing,
                           routing=routing, lend_cap=lend_cap, low_watermark=low_watermark, lending=lending,
-                          global_index=global_index, event_faults=faults, **cluster_store(store_url, store_blocks))
+                          global_index=global_index, event_faults=faults, event_lag=event_lag,
+                          **cluster_store(store_url, store_blocks))
     reader = cli_trace(trace, trace_fmt, limit, skip_bad, tokenizer_path)
     warmup = cli_warmup(warmup, reader)
     if warmup and processes is not None:
@@ -1211,6 +1220,7 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                        f"missed, {result.router_divergent_pages:,} pages off the instances' HBM at the end,\n"
                        f"  {result.router_us_per_request:,.0f} us a request"
                        + (" (with the wait to hear each batch over ZMQ)" if fleet else "")
+                       + (f", each batch heard {result.event_lag:,} decisions late" if result.event_lag else "")
                        + f"\nevent streams: {st['batches_dropped']:,} batches dropped, {st['duplicates']:,} "
                        f"repeats skipped, {st['gaps']:,} gaps, {st['batches_replays']:,} replays, "
                        f"{st['lost']:,} lost" + (f", {st['late']:,} fetched late" if "late" in st else ""))

@@ -46,7 +46,7 @@ import numpy as np
 from . import policies as _policies
 from .cache import Admission
 from .errors import ArgumentTypeError, ArgumentValueError, LockError
-from .keys import as_tokens, check_namespace, check_positive_int
+from .keys import as_tokens, check_int, check_namespace, check_positive_int
 from .workload.traces import Request
 from .analysis.replay import pages_loaded
 from .analysis.stats import ReplayStats, RequestRecord
@@ -428,7 +428,8 @@ class ClusterResult:
             store_stats: its counters summed over the instances (round trips, hits, integrity
             misses, backend errors, pages written, ...).
         event_faults: with ``routing="kv_events"``, the faults injected into the event streams
-            (``drop=..,duplicate=..,reorder=..,seed=..``; ``None``: none); router_false_hit_pages:
+            (``drop=..,duplicate=..,reorder=..,seed=..``; ``None``: none); event_lag: decisions each
+            batch took to reach the router (0: before the next); router_false_hit_pages:
             pages the router predicted on the instance it chose that were not served from cache;
             router_missed_pages: pages served from cache it did not predict; router_divergent_pages:
             after the replay's last batches and a replay probe of every stream, pages where the
@@ -480,6 +481,7 @@ class ClusterResult:
     peer_host_hit_tokens: int = 0
     index_host_pages: int = 0
     event_faults: Optional[str] = None
+    event_lag: int = 0
     router_false_hit_pages: int = 0
     router_missed_pages: int = 0
     router_divergent_pages: int = 0
@@ -567,6 +569,9 @@ class Cluster:
             from the instances' published KV events alone: :class:`~radixkv.router.inprocess.EventRouting`).
         event_faults: with ``"kv_events"``, faults of the event transport (:class:`~radixkv.router.link.EventFaults`
             or its spec ``"drop=0.05,duplicate=0.05,reorder=0.05,seed=0"``).
+        event_lag: with ``"kv_events"``, routing decisions each batch of events takes to reach the router:
+            request ``i`` is routed knowing the events of the requests before ``i - event_lag`` (0: all
+            before it), the view of a router whose events arrive late.
         lend_cap, low_watermark, candidates: creditor rules (see :class:`GlobalManager`).
         lending: ``"value"``: creditors also lend the slots of pages colder than the debtor's, and
             recall only loans colder than their own pages (LRU only: its rank is a last-use time,
@@ -599,8 +604,11 @@ class Cluster:
                  load_back: str = "always", balance: float = 0.1, lending: str = "free",
                  lend_margin: float = 2.0, global_index: bool = False, store: Optional[str] = None,
                  store_blocks: Optional[int] = None, duplicates: str = "move",
-                 event_faults: Union[None, str, EventFaults] = None) -> None:
+                 event_faults: Union[None, str, EventFaults] = None, event_lag: int = 0) -> None:
         num_instances = check_positive_int(num_instances, "num_instances")
+        check_int(event_lag, "event_lag", minimum=0)
+        if event_lag and routing != "kv_events":
+            raise TierConfigError(f"event_lag needs routing='kv_events', got routing {routing!r}")
         check_positive_int(num_blocks, "num_blocks")
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
         if routing not in ROUTING:
@@ -666,7 +674,7 @@ class Cluster:
         """The router fed by the instances' KV events (``routing="kv_events"``), else ``None``."""
         if routing == "kv_events":
             self.events = EventRouting([inst.cache for inst in self.instances], page_size, event_faults,
-                                       balance=balance)
+                                       balance=balance, lag=event_lag)
         self.last_pull = Pull(0, None)
         """What the last :meth:`admit` pulled from a peer."""
         self.pulled_pages = 0
@@ -839,7 +847,7 @@ class Cluster:
         router: Dict[str, object] = {}
         if events is not None:
             events.finish()
-            router = dict(event_faults=events.links[0].faults.spec,
+            router = dict(event_faults=events.links[0].faults.spec, event_lag=events.lag,
                           router_false_hit_pages=events.false_hit_pages - counts0[0],
                           router_missed_pages=events.missed_pages - counts0[1],
                           router_divergent_pages=events.divergent_pages(),

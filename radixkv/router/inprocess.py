@@ -3,7 +3,9 @@
 What ``Cluster(routing="kv_events")`` routes with. Before each decision every cache's pending
 events are encoded as one vLLM ``KVEventBatch`` (:func:`~radixkv.events.wire.encode_batch`, the
 bytes a ZMQ publisher sends) and delivered to the router's index through an
-:class:`~radixkv.router.link.EventLink` (faults optional). The router never reads a cache: the
+:class:`~radixkv.router.link.EventLink` (faults optional), at once or, with a ``lag`` of N
+requests, N decisions later: the router then routes request ``i`` knowing the events of the
+requests before ``i - N`` only, as a router whose events take that long to arrive. The router never reads a cache: the
 caches are read only to publish their events and, for the report, to compare what the router
 predicted with what was served (:attr:`false_hit_pages`, :attr:`missed_pages`) and its view with
 their HBM residency (:meth:`divergent_pages`).
@@ -12,9 +14,11 @@ their HBM residency (:meth:`divergent_pages`).
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ArgumentValueError
+from ..keys import check_int
 from ..events.log import MEDIUM_GPU
 from ..events.wire import encode_batch
 from .index import KVIndex
@@ -30,13 +34,16 @@ class EventRouting:
         page_size: their page size.
         faults: what the event transport does wrong (default: nothing).
         balance: as :class:`KVRouter`.
+        lag: decisions a batch takes to arrive (0: before the next one); a replay serves it from the
+            moment it was sent.
 
     Cost per request: encoding and applying the events the caches recorded since the last one
     (O(pages entering or leaving)), and the router's (hashing the prompt's pages).
     """
 
     def __init__(self, caches: Sequence[Any], page_size: int, faults: Optional[EventFaults] = None, *,
-                 balance: float = 0.1) -> None:
+                 balance: float = 0.1, lag: int = 0) -> None:
+        self.lag = check_int(lag, "event lag", minimum=0)
         for i, cache in enumerate(caches):
             if getattr(cache, "event_log", None) is None:
                 raise ArgumentValueError(f"routing by KV events needs caches created with enable_events "
@@ -53,19 +60,31 @@ class EventRouting:
         self.seconds = 0.0
         """Wall time publishing, applying and routing."""
         self._predicted: Optional[int] = None
+        self._decisions = 0
+        self._in_flight: Deque[Tuple[int, EventLink, int, bytes]] = deque()  # (decision sent before, link, seq, bytes)
 
     def publish(self) -> None:
-        """Send every cache's pending events as one batch each (an engine step). O(events)."""
+        """Send every cache's pending events as one batch each (an engine step), and let arrive the batches
+        due (sent :attr:`lag` decisions ago or more). O(events)."""
         for cache, link in zip(self.caches, self.links):
             events = cache.take_events()
             if events:
-                link.publish(encode_batch(events, ts=0.0))
+                payload = encode_batch(events, ts=0.0)
+                self._in_flight.append((self._decisions, link, link.send(payload), payload))
+        self._arrive(self._decisions - self.lag)
+
+    def _arrive(self, sent_by: float) -> None:
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][0] <= sent_by:
+            _, link, seq, payload = in_flight.popleft()
+            link.arrive(seq, payload)
 
     def route(self, tokens, namespace: Optional[str] = None) -> int:
         """The instance for a request: events published, then the router's choice. Counts it in flight."""
         start = time.perf_counter()
         self.publish()
         choice = self.router.route(tokens, cache_salt=namespace)
+        self._decisions += 1
         self._predicted = choice.overlap_pages
         self.seconds += time.perf_counter() - start
         return choice.instance
@@ -81,9 +100,10 @@ class EventRouting:
         self.router.done(instance)
 
     def finish(self) -> None:
-        """Publish what is pending, send what the links hold back and probe every stream's tail:
-        afterwards the index has every batch its replay ring still held."""
+        """Publish what is pending, let every batch in flight arrive, send what the links hold back and probe
+        every stream's tail: afterwards the index has every batch its replay ring still held."""
         self.publish()
+        self._arrive(float("inf"))
         for link in self.links:
             link.flush()
 

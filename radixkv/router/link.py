@@ -163,15 +163,26 @@ class EventLink:
     reordered = property(lambda self: self.wire.reordered, doc="Batches it held back behind the next.")
 
     def publish(self, payload: bytes) -> int:
-        """Send one batch's payload; returns its sequence number."""
+        """Send one batch's payload and let it arrive at once; returns its sequence number."""
+        seq = self.send(payload)
+        self.arrive(seq, payload)
+        return seq
+
+    def send(self, payload: bytes) -> int:
+        """The publisher's side of :meth:`publish`: number the batch and keep it in the replay ring (a replay
+        serves it from now on); it reaches the index only at :meth:`arrive`. Returns its sequence number."""
         if not isinstance(payload, (bytes, bytearray)):
             raise ArgumentTypeError(f"payload must be bytes, got {type(payload).__name__}")
         seq = self.next_seq
         self.next_seq += 1
         self._ring.append((seq, bytes(payload)))
+        return seq
+
+    def arrive(self, seq: int, payload: bytes) -> None:
+        """Batch ``seq`` (sent) comes out of the transport: dropped, repeated or held back as the faults draw,
+        each delivery applied and a gap it shows filled by a replay. Batches arrive in the order sent."""
         for item in self.wire.carry(seq, payload):
             self._deliver(*item)
-        return seq
 
     def restart(self) -> None:
         """The publisher restarts: numbering from 0 again, its replay ring empty (what was held is lost)."""

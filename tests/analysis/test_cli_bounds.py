@@ -14,7 +14,7 @@ from .test_tool_cli import fails, last_json, ok
 
 SIZE_OPTIONS = {"page_size", "num_blocks", "max_total_tokens", "kv_cache_memory", "host_blocks", "remote_hosts",
                 "remote_blocks", "redis_urls", "instances", "limit", "jobs", "num_requests", "capacities", "k",
-                "budget", "store_blocks", "processes", "warmup", "interval", "num_sessions"}
+                "budget", "store_blocks", "processes", "warmup", "interval", "num_sessions", "event_lag"}
 """The options that size a run or count something in it; each must state its bound."""
 
 NOT_SIZES = {"seed"}

@@ -53,6 +53,38 @@ def test_faulty_streams_recover_and_the_index_ends_equal_to_the_instances_hbm(re
     assert (again.hit_tokens, again.router_stats) == (faulty.hit_tokens, faulty.router_stats)
 
 
+def test_a_lag_of_n_routes_each_request_on_the_batches_sent_n_decisions_before(requests):
+    lag = 7
+    cluster = Cluster(4, 3000, 16, routing="kv_events", event_lag=lag)
+    events = cluster.events
+    sent, applied = [], []
+
+    def look(request, hit):  # after request i: sent = batches of requests < i, applied = of requests < i - lag
+        sent.append(sum(link.next_seq for link in events.links))
+        applied.append(sum(events.index.status(i).applied for i in range(4)))
+
+    result = cluster.replay(requests[:120], on_request=look)
+    assert applied[:lag] == [0] * lag and applied[lag:] == sent[:-lag] and sent[-1] > sent[0]
+    assert result.event_lag == lag and result.router_divergent_pages == 0            # all arrived at the end
+    assert result.router_false_hit_pages + result.router_missed_pages > 0
+    _, prompt = replay("kv_events", requests[:120])
+    assert (prompt.router_false_hit_pages, prompt.router_missed_pages, prompt.event_lag) == (0, 0, 0)
+
+
+def test_a_router_that_never_hears_in_time_predicts_nothing_and_misses_every_hit(requests):
+    cluster, blind = replay("kv_events", requests[:80], event_lag=80, event_faults="drop=0.3,seed=1")
+    assert blind.router_false_hit_pages == 0 and blind.router_missed_pages * 16 == blind.hit_tokens > 0
+    assert blind.router_divergent_pages == 0 and blind.router_stats["gaps"] > 0      # faults still mended at the end
+
+
+@pytest.mark.parametrize("kwargs,error", [(dict(event_lag=-1), ArgumentValueError),
+                                          (dict(event_lag="1"), ArgumentTypeError),
+                                          (dict(event_lag=1, routing="cache_aware"), TierConfigError)])
+def test_a_bad_event_lag_is_refused(kwargs, error):
+    with pytest.raises(error, match="event_lag"):
+        Cluster(2, 10, 4, **{"routing": "kv_events", **kwargs})
+
+
 def test_a_crashed_instance_is_cleared_in_the_index(requests):
     cluster = Cluster(2, 3000, 16, routing="kv_events")
     cluster.replay(requests[:40])
@@ -86,8 +118,13 @@ def test_the_command_reports_the_router_and_refuses_bad_faults_in_one_line():
     assert {"router_false_hit_pages", "router_missed_pages", "router_stats"} <= row.keys()
     table = cli("--routing", "kv_events")
     assert table.exit_code == 0 and "false-hit pages" in table.output
+    late = cli("--routing", "kv_events", "--event-lag", "4")
+    assert late.exit_code == 0 and "each batch heard 4 decisions late" in late.output, late.output
     for args, message in ((["--event-faults", "drop=0.1"], "--event-faults injects faults"),
                           (["--routing", "kv_events", "--event-faults", "drop=2"], "must be a number in [0, 1)"),
-                          (["--routing", "kv_events", "--event-faults", "seed=1.5"], "must be a whole number")):
+                          (["--routing", "kv_events", "--event-faults", "seed=1.5"], "must be a whole number"),
+                          (["--event-lag", "3"], "--event-lag delays the KV events of the simulator's --routing "
+                                                 "kv_events; got --routing round_robin"),
+                          (["--routing", "kv_events", "--event-lag", "10001"], "must be at most 10,000")):
         out = cli(*args)
         assert out.exit_code == 2 and out.output.count("\n") == 1 and message in out.output, out.output
