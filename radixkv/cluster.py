@@ -613,15 +613,19 @@ class Cluster:
         check_positive_int(host_blocks, "host_blocks", allow_zero=True)
         if routing not in ROUTING:
             raise TierConfigError(f"routing must be one of {', '.join(ROUTING)}, got {routing!r}")
+        for name, value in (("lend_cap", lend_cap), ("low_watermark", low_watermark), ("balance", balance),
+                            ("lend_margin", lend_margin)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ArgumentTypeError(f"{name} must be a number, got {value!r}")
         for name, value in (("lend_cap", lend_cap), ("low_watermark", low_watermark)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            if not 0 <= value <= 1:
                 raise TierConfigError(f"{name} must be a number in [0, 1], got {value!r}")
         check_positive_int(candidates, "candidates")
         if _policies.create(policy).offline and not routes_ahead(routing, num_instances):
             raise TierConfigError(f"policy {policy!r} is offline: it needs each instance's future requests, "
                                   f"known in advance only with round_robin routing or one instance; routing "
                                   f"{routing!r} picks instances by cache state, got num_instances={num_instances}")
-        if isinstance(balance, bool) or not isinstance(balance, (int, float)) or balance < 0:
+        if not balance >= 0:
             raise TierConfigError(f"balance must be a number >= 0, got {balance!r}")
         if event_faults is not None and routing != "kv_events":
             raise TierConfigError(f"event_faults needs routing='kv_events', got routing {routing!r}")
@@ -637,7 +641,7 @@ class Cluster:
         if lending == "value" and policy not in VALUE_POLICIES:
             raise TierConfigError(f"lending='value' needs a policy whose rank is a last-use time "
                                   f"({', '.join(VALUE_POLICIES)}), got policy {policy!r}")
-        if isinstance(lend_margin, bool) or not isinstance(lend_margin, (int, float)) or not lend_margin >= 1:
+        if not lend_margin >= 1:
             raise TierConfigError(f"lend_margin must be a number >= 1, got {lend_margin!r}")
         self.lending = lending
         self.balance = balance

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixkv.cluster import Cluster
+from radixkv.errors import ArgumentTypeError
 from radixkv.tiers import TierConfigError
 
 from ..strategies import bad_namespaces_typed, bad_tokens_typed
@@ -219,6 +220,11 @@ def test_each_replay_of_a_cluster_reports_its_own_counts():
     (dict(low_watermark=-0.1), TierConfigError),
     (dict(candidates=0), ValueError),
     (dict(balance=-1), TierConfigError),
+    (dict(balance="0.1"), ArgumentTypeError),
+    (dict(lend_cap=True), ArgumentTypeError),
+    (dict(low_watermark=None), ArgumentTypeError),
+    (dict(lend_margin="2"), ArgumentTypeError),
+    (dict(lend_margin=0.5), TierConfigError),
 ])
 def test_bad_cluster_arguments(kwargs, error):
     args = dict(num_instances=2, num_blocks=4, page_size=PS)
