@@ -1099,6 +1099,7 @@ def attack_cmd(workload, seed, num_requests, params, sharing, k, budget, attacke
               help="With --routing kv_events, faults of the event streams, seeded: "
                    "drop=R,duplicate=R,reorder=R[,seed=N] (rates per batch in [0, 1)).")
 @click.option("--event-lag", default=0, show_default=True, type=int, callback=bounded(MAX_EVENT_LAG, minimum=0),
+              metavar="N",
               help=f"With --routing kv_events, routing decisions each batch of events takes to reach the router: "
                    f"request i is routed knowing the events of the requests before i - N (at most "
                    f"{spell(MAX_EVENT_LAG)}).")
@@ -1162,9 +1163,8 @@ def cluster_cmd(trace, instances, num_blocks, max_total_tokens, kv_cache_memory,
                                  f"decides from cache state as it goes: use --routing round_robin or --instances 1")
     faults = event_faults_flag(event_faults, routing)
     if event_lag and (routing != "kv_events" or processes is not None):
-        raise ArgumentValueError(f"--event-lag delays the KV events of the simulator's --routing kv_events"
-                                 + (f"; got --routing {routing}" if routing != "kv_events" else
-                                    "; with --processes the router hears each batch before the next request"))
+        raise ArgumentValueError(f"--event-lag delays the KV events of the simulator's --routing kv_events; got "
+                                 + (f"--routing {routing}" if routing != "kv_events" else "--processes"))
     params = policy_specs([policy], policy_params).get(policy, ())
     policy_arg = policies.PolicySpec(policy, params) if params else policy
     out_fmt, trace_fmt = formats(fmt, trace_fmt, as_json)

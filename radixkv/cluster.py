@@ -498,6 +498,14 @@ def _minus(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in now.items()}
 
 
+def stream_counts(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
+    """A router's stream counters (``router_stats``) of one replay: ``now`` less ``before``, but for
+    ``index_pages``, the index's size now. O(counters)."""
+    out = _minus(now, before)
+    out["index_pages"] = now["index_pages"]
+    return out
+
+
 def sum_counts(counts: Iterable[Mapping[str, int]]) -> Dict[str, int]:
     """Counters summed by name over ``counts``, in the order names first appear. O(total entries)."""
     totals: Dict[str, int] = {}
@@ -841,6 +849,7 @@ class Cluster:
                              tier_costs=inst.cache.cost_model) for inst in self.instances]
         events = self.events
         counts0 = (events.false_hit_pages, events.missed_pages, events.seconds) if events is not None else (0, 0, 0.0)
+        streams0 = events.stats() if events is not None else {}
         try:
             count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons,
                                                              first_index=warmed if warmup else 0)
@@ -856,7 +865,7 @@ class Cluster:
                           router_missed_pages=events.missed_pages - counts0[1],
                           router_divergent_pages=events.divergent_pages(),
                           router_us_per_request=(events.seconds - counts0[2]) / count * 1e6 if count else 0.0,
-                          router_stats=events.stats())
+                          router_stats=stream_counts(events.stats(), streams0))
         by_tier = _minus(now["by_tier"], before["by_tier"])
         links: Dict[str, int] = {}
         pulled = self.pulled_pages - pulled0

@@ -59,7 +59,7 @@ from .. import policies as _policies
 from ..policies import PolicySpec
 from ..router.link import EventFaults
 from ..analysis.stats import ReplayStats, RequestRecord
-from ..cluster import ClusterResult, count_request, stats_totals, sum_counts
+from ..cluster import ClusterResult, count_request, stats_totals, stream_counts, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError, RadixKVError
 from ..keys import as_tokens, check_namespace, check_positive_int
@@ -439,7 +439,7 @@ class Fleet:
         self._start = self._next
         self._served.value = 0
         serve = self._serve_routed if self.router is not None else self._serve_in_turn
-        before = self.router.counters() if self.router is not None else None
+        before = (self.router.counters(), self.router.stats()) if self.router is not None else None
         self._requests0 = [w.requests for w in self.workers]
         count, wrong, verified = serve(requests, stats, on_request, on_record)
         totals = [self._receive(w, "totals", progress=False)[1] for w in self._ask_all("totals")]
@@ -527,19 +527,20 @@ class Fleet:
             count += 1
         return count, wrong, verified
 
-    def _finish_router(self, count: int, before: Tuple[int, int, float]) -> Dict[str, Any]:
+    def _finish_router(self, count: int, before: Tuple[Tuple[int, int, float], Dict[str, int]]) -> Dict[str, Any]:
         """The router's fields of this replay's result, once every stream was probed: scored against the
-        workers' HBM (the streams' counters are the fleet's so far, as the simulator's)."""
+        workers' HBM."""
         router = self.router
         try:
             router.finish()
         except RadixKVError as exc:
             raise FleetError(str(exc)) from None
         residencies = [self._receive(w, "residency", progress=False)[1] for w in self._ask_all("residency")]
-        false, missed, seconds = (now - then for now, then in zip(router.counters(), before))
+        false, missed, seconds = (now - then for now, then in zip(router.counters(), before[0]))
         return dict(event_faults=self.event_faults.spec, router_false_hit_pages=false, router_missed_pages=missed,
                     router_divergent_pages=router.divergent_pages(residencies),
-                    router_us_per_request=seconds / count * 1e6 if count else 0.0, router_stats=router.stats())
+                    router_us_per_request=seconds / count * 1e6 if count else 0.0,
+                    router_stats=stream_counts(router.stats(), before[1]))
 
     def _ask_all(self, what: str) -> List[_Worker]:
         for w in self.workers:

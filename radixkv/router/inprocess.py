@@ -34,8 +34,10 @@ class EventRouting:
         page_size: their page size.
         faults: what the event transport does wrong (default: nothing).
         balance: as :class:`KVRouter`.
-        lag: decisions a batch takes to arrive (0: before the next one); a replay serves it from the
-            moment it was sent.
+        lag: decisions a batch takes to arrive (0: before the next one); a replay's answer, as slow,
+            carries only the batches due by then. :meth:`finish` lets every batch arrive, so a
+            later replay starts from a current view (``Cluster.replay(warmup=...)`` keeps the lag
+            across its warm-up).
 
     Cost per request: encoding and applying the events the caches recorded since the last one
     (O(pages entering or leaving)), and the router's (hashing the prompt's pages).
@@ -74,9 +76,14 @@ class EventRouting:
         self._arrive(self._decisions - self.lag)
 
     def _arrive(self, sent_by: float) -> None:
-        in_flight = self._in_flight
+        """Let arrive, in the order sent, the batches sent before decision ``sent_by``; a replay one of them
+        sets off answers up to the newest batch due on its link, not past it (its answer travels as slowly)."""
+        in_flight, due = self._in_flight, []
         while in_flight and in_flight[0][0] <= sent_by:
-            _, link, seq, payload = in_flight.popleft()
+            due.append(in_flight.popleft())
+        for _, link, seq, _ in due:
+            link.due = seq
+        for _, link, seq, payload in due:
             link.arrive(seq, payload)
 
     def route(self, tokens, namespace: Optional[str] = None) -> int:

@@ -155,6 +155,10 @@ class EventLink:
         self._ring: Deque[Tuple[int, bytes]] = deque(maxlen=check_int(buffer_steps, "buffer_steps", minimum=1))
         self.next_seq = 0
         self.replays = self.replayed = 0
+        self.due: Optional[int] = None
+        """The newest batch that has had time to arrive: a replay answers up to it, no fresher than the
+        stream (``None``: every batch sent). Set by a driver that delays arrivals
+        (:class:`~radixkv.router.inprocess.EventRouting` with a lag)."""
         index.add(instance)
 
     sent = property(lambda self: self.wire.sent, doc="Batches published.")
@@ -189,6 +193,7 @@ class EventLink:
         self.next_seq = 0
         self._ring.clear()
         self.wire.reset()
+        self.due = None
 
     def flush(self) -> None:
         """Send the batch held back, then replay from the last batch the index applied (the tail a
@@ -206,8 +211,9 @@ class EventLink:
     def _replay(self, start: int) -> Tuple[bool, Optional[int]]:
         self.replays += 1
         first = None
+        due = self.due
         for seq, payload in list(self._ring):
-            if seq >= start:
+            if seq >= start and (due is None or seq <= due):
                 first = seq if first is None else first
                 self.replayed += 1
                 self.index.apply(self.instance, seq, payload)

@@ -50,10 +50,11 @@ MAX_HELD_REQUESTS = 100_000
 """Requests of a generated workload a command holds in memory at once (``demo``, ``attack``):
 about 1 KiB each beyond their tokens; the generated mix averages ~1,400 tokens a request."""
 
-MAX_EVENT_LAG = 10_000
+MAX_EVENT_LAG = 9_000
 """Routing decisions a KV event batch may take to reach the simulated router (``cluster --event-lag``):
-the batches in flight are held, each with its token ids (tens of KiB a request on long prompts),
-and vLLM's replay ring holds 10,000 batches, past which a gap could not be filled anyway."""
+the batches in flight are held, each with its token ids (tens of KiB a request on long prompts).
+A link may have one batch in flight per decision, and its replay ring (vLLM's 10,000 batches) must
+still hold a gap's batches, and the few before it a replay starts from, when they fall due."""
 
 MAX_HELD_TOKENS = 2**28
 """Prompt tokens of a workload a command holds in memory at once (``demo``, ``attack``): an attack

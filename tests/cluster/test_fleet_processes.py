@@ -221,7 +221,8 @@ def test_a_hung_worker_is_named_after_the_timeout():
 
 @pytest.mark.parametrize("flags,message", [
     (["--routing", "cache_aware"], "--routing cache_aware is not supported"),
-    (["--routing", "kv_events", "--event-lag", "2"], "with --processes the router hears each batch before the next"),
+    (["--routing", "kv_events", "--event-lag", "2"], "--event-lag delays the KV events of the simulator's --routing "
+                                                     "kv_events; got --processes"),
     (["--borrowing"], "--borrowing is not supported"),
     (["--global-index"], "--global-index is not supported"),
     (["--policy", "belady"], "--policy belady is not supported"),
