@@ -28,6 +28,7 @@ from ..tiers.test_redis import _require_redis
 from .test_fleet_processes import BLOCKS, PS, STORE_BLOCKS, conversations, radixkv
 
 FAULTS = "drop=0.2,duplicate=0.2,reorder=0.2,seed=3"
+HOST = 30  # host-tier blocks per instance in the library's run
 TIMING = ("wall_seconds", "store", "store_stats", "router_us_per_request", "router_stats")
 """Fields that differ by nature: times, the store's URL and counters (a Redis store's first contact costs
 a round trip), and the streams' counters (compared apart)."""
@@ -57,11 +58,13 @@ def requests():
 def test_a_routed_fleet_routes_hits_and_predicts_exactly_as_the_simulator(requests):
     _require_redis()
     more = conversations(num=5, turns=4, seed=1)
-    with Fleet(2, BLOCKS, PS, routing="kv_events", store_blocks=STORE_BLOCKS, miss_reasons=True) as fleet:
+    with Fleet(2, BLOCKS, PS, routing="kv_events", store_blocks=STORE_BLOCKS, miss_reasons=True,
+               host_blocks=HOST) as fleet:
         result = fleet.replay(requests)
         got = result.as_dict()
         again = fleet.replay(more).as_dict()  # a second replay on the same fleet reports its own counts
-    cluster = Cluster(2, BLOCKS, PS, routing="kv_events", store="memory", store_blocks=STORE_BLOCKS)
+    cluster = Cluster(2, BLOCKS, PS, routing="kv_events", store="memory", store_blocks=STORE_BLOCKS,
+                      host_blocks=HOST)  # host pages are published too (medium CPU) and weigh in routing
     want = cluster.replay(requests, miss_reasons=True).as_dict()
     assert_routed_as_simulated(got, want)
     assert_routed_as_simulated(again, cluster.replay(more, miss_reasons=True).as_dict())
@@ -70,7 +73,8 @@ def test_a_routed_fleet_routes_hits_and_predicts_exactly_as_the_simulator(reques
     assert got["router_false_hit_pages"] == 0 and got["router_divergent_pages"] == 0
     assert result.wrong_pages == 0 and result.verified_pages > 0
     # the router kept conversations where their history is: served from HBM, where round robin needs the store
-    rr = Cluster(2, BLOCKS, PS, store="memory", store_blocks=STORE_BLOCKS).replay(requests)
+    rr = Cluster(2, BLOCKS, PS, store="memory", store_blocks=STORE_BLOCKS, host_blocks=HOST).replay(requests)
+    assert got["hit_tokens_by_tier"]["host"] > 0
     assert got["hit_tokens_by_tier"]["hbm"] > rr.hit_tokens_by_tier.get("hbm", 0)
 
 
