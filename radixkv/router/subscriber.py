@@ -252,7 +252,7 @@ class Subscription:
         start = self._taken + 1
         if self._replay is None or start > upto:
             return
-        got = [(seq, payload) for seq, payload in self._request_replay(start)[1] if seq <= upto]
+        got = [(seq, payload) for seq, payload in self._request_replay(start)[1] if start <= seq <= upto]
         if got:
             self._fetched = (got[0][0], got[-1][0])
             for seq, payload in got:
@@ -286,7 +286,9 @@ class Subscription:
 
     def _request_replay(self, start: int) -> Tuple[bool, List[Tuple[int, bytes]]]:
         """Ask the publisher's replay socket for its batches from ``start``: (the end marker came, the
-        batches in the order sent). An answer that pauses :data:`REPLAY_TIMEOUT_MS` is cut there."""
+        batches in the order received). An answer that pauses :data:`REPLAY_TIMEOUT_MS` is cut there;
+        its rest, arriving late, is read with the next answer: real batches all the same (kept, from
+        whatever number they start), which may close the gap the next request is about."""
         self.replays += 1
         self._replay.send_multipart((b"", start.to_bytes(8, "big")))
         batches: List[Tuple[int, bytes]] = []
@@ -298,9 +300,8 @@ class Subscription:
             seq = int.from_bytes(frames[2], "big", signed=True)
             if seq == END_SEQ:
                 return True, batches
-            if seq >= start:
-                self.replayed += 1
-                batches.append((seq, frames[3]))
+            self.replayed += 1
+            batches.append((seq, frames[3]))
         return False, batches
 
     def _close_sockets(self) -> None:
