@@ -493,7 +493,7 @@ class ClusterResult:
         return asdict(self)
 
 
-def _minus(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
+def counts_since(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     """``now``'s counters less ``before``'s, key by key (what one replay added). O(keys)."""
     return {k: v - before.get(k, 0) for k, v in now.items()}
 
@@ -501,7 +501,7 @@ def _minus(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
 def stream_counts(now: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
     """A router's stream counters (``router_stats``) of one replay: ``now`` less ``before``, but for
     ``index_pages``, the index's size now. O(counters)."""
-    out = _minus(now, before)
+    out = counts_since(now, before)
     out["index_pages"] = now["index_pages"]
     return out
 
@@ -866,14 +866,14 @@ class Cluster:
                           router_divergent_pages=events.divergent_pages(),
                           router_us_per_request=(events.seconds - counts0[2]) / count * 1e6 if count else 0.0,
                           router_stats=stream_counts(events.stats(), streams0))
-        by_tier = _minus(now["by_tier"], before["by_tier"])
+        by_tier = counts_since(now["by_tier"], before["by_tier"])
         links: Dict[str, int] = {}
         pulled = self.pulled_pages - pulled0
         if self.index is not None:
             by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
-            links = _minus(now["links"], before["links"])
+            links = counts_since(now["links"], before["links"])
         m = self.manager
-        lent = _minus(now["manager"], before["manager"])
+        lent = counts_since(now["manager"], before["manager"])
         page_bytes = self.instances[0].cache.page_bytes
         return ClusterResult(
             routing=self.routing, borrowing=self.borrowing, instances=len(self.instances),
@@ -888,7 +888,7 @@ class Cluster:
             manager_us_per_request=(m.seconds - seconds0) / count * 1e6 if count else 0.0,
             wall_seconds=time.perf_counter() - start, **stats_totals(stats), global_index=self.index is not None,
             store=self.store_url, store_hit_tokens=by_tier.get("store", 0),
-            store_stats=_minus(now["store"], before["store"]), warmup_requests=warmed if warmup else 0,
+            store_stats=counts_since(now["store"], before["store"]), warmup_requests=warmed if warmup else 0,
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
             peer_host_hit_tokens=(self.pulled_host_pages - host0) * self.page_size,
             index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,

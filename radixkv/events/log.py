@@ -220,6 +220,10 @@ class EventLog:
         """The hash function and seed of the events' hashes."""
         return self.index.hasher
 
+    def resident_hashes(self) -> List[Union[int, bytes]]:
+        """The event hashes of every page in the cache's HBM: what a router's view of it should hold. O(pages)."""
+        return self.hasher.event_hashes(list(self.index))
+
     def take(self) -> List[KVCacheEvent]:
         """Every event recorded since the last call, oldest first; clears the log. O(1)."""
         events, self._events = self._events, []

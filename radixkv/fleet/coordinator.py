@@ -59,7 +59,7 @@ from .. import policies as _policies
 from ..policies import PolicySpec
 from ..router.link import EventFaults
 from ..analysis.stats import ReplayStats, RequestRecord
-from ..cluster import ClusterResult, count_request, stats_totals, stream_counts, sum_counts
+from ..cluster import ClusterResult, count_request, counts_since, stats_totals, stream_counts, sum_counts
 from ..costs import DEFAULT_HARDWARE, DEFAULT_MODEL, HardwareSpec, ModelSpec
 from ..errors import ArgumentTypeError, ArgumentValueError, MissingExtraError, RadixKVError
 from ..keys import as_tokens, check_namespace, check_positive_int
@@ -617,8 +617,7 @@ def _terminated(signum: int, frame: Any) -> None:
 def _since(now: Dict[str, Any], then: Dict[str, Any]) -> Dict[str, Any]:
     """A worker's cumulative totals (:meth:`~radixkv.fleet.worker.Worker.totals`) less those at the last replay's
     end: what this replay added, as every count of a cluster result is its replay's own. O(counters)."""
-    return {name: {k: v - then.get(name, {}).get(k, 0) for k, v in counts.items()}
-            for name, counts in now.items() if isinstance(counts, dict)}
+    return {name: counts_since(counts, then.get(name, {})) for name, counts in now.items() if isinstance(counts, dict)}
 
 
 def _last_words(w: _Worker) -> str:

@@ -30,13 +30,11 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import MissingExtraError, RadixKVError
-from ..events.log import MEDIUM_GPU
 from ..router import EventFaults, KVIndex, KVRouter, Route
+from ..router.inprocess import hbm_divergence, stream_totals
 
 HEARD_SECONDS = 2.0
 """Seconds the router waits to hear a batch a worker says it published before fetching it by a replay."""
-STREAM_COUNTERS = ("applied", "duplicates", "gaps", "restarts", "clears", "lost", "malformed", "unknown_events")
-"""The index's counters of a stream that :meth:`FleetRouter.stats` sums (as the simulator's)."""
 
 
 class FleetRouter:
@@ -127,25 +125,15 @@ class FleetRouter:
     def divergent_pages(self, residencies: Sequence[Sequence[int]]) -> int:
         """Pages where the index's HBM view and the workers' HBM (``residencies``: each worker's event
         hashes) differ, both ways, all workers. O(pages)."""
-        return sum(len(set(truth) ^ self.index.block_hashes(i, (MEDIUM_GPU, None)))
-                   for i, truth in enumerate(residencies))
+        return hbm_divergence(self.index, residencies)
 
     def stats(self) -> Dict[str, int]:
         """The streams' counters summed over workers, named as the simulator's
-        (:meth:`~radixkv.router.inprocess.EventRouting.stats`), plus ``late``."""
-        totals: Dict[str, int] = {}
-        for i, sub in enumerate(self.subscriptions):
-            st = self.index.status(i)
-            wire = sub.wire
-            counts = [(name, getattr(st, name)) for name in STREAM_COUNTERS]
-            counts += [("batches_sent", sub.received), ("batches_dropped", wire.dropped if wire else 0),
-                       ("batches_duplicated", wire.duplicated if wire else 0),
-                       ("batches_reordered", wire.reordered if wire else 0),
-                       ("batches_replays", sub.replays), ("batches_replayed", sub.replayed)]
-            for name, value in counts:
-                totals[name] = totals.get(name, 0) + value
+        (:meth:`~radixkv.router.inprocess.EventRouting.stats`; a batch sent is one heard), plus ``late``."""
+        totals = stream_totals(self.index, [
+            (sub.received, *((sub.wire.dropped, sub.wire.duplicated, sub.wire.reordered) if sub.wire else (0, 0, 0)),
+             sub.replays, sub.replayed) for sub in self.subscriptions])
         totals["late"] = self.late
-        totals["index_pages"] = len(self.index)
         return totals
 
     def close(self) -> None:

@@ -174,7 +174,7 @@ class Worker:
     def residency(self) -> List[int]:
         """The event hashes of the pages in this worker's HBM (what a router's view of it should hold). O(pages)."""
         log = self.cache.event_log
-        return [] if log is None else list(log.hasher.event_hashes(list(log.index)))
+        return [] if log is None else log.resident_hashes()
 
     def totals(self) -> Dict[str, Any]:
         """The cumulative counters a fleet result sums: hits per tier and the store's counters."""

@@ -116,25 +116,38 @@ class EventRouting:
 
     def divergent_pages(self) -> int:
         """Pages where the index's HBM view and the caches' HBM differ (both ways, all instances). O(pages)."""
-        out = 0
-        for i, cache in enumerate(self.caches):
-            log = cache.event_log
-            truth = set(log.hasher.event_hashes(list(log.index)))
-            out += len(truth ^ self.index.block_hashes(i, (MEDIUM_GPU, None)))
-        return out
+        return hbm_divergence(self.index, [cache.event_log.resident_hashes() for cache in self.caches])
 
     def stats(self) -> Dict[str, int]:
         """The streams' counters summed over instances (index side and transport side)."""
-        totals: Dict[str, int] = {}
-        for i, link in enumerate(self.links):
-            st = self.index.status(i)
-            for name in ("applied", "duplicates", "gaps", "restarts", "clears", "lost", "malformed",
-                         "unknown_events"):
-                totals[name] = totals.get(name, 0) + getattr(st, name)
-            for name in ("sent", "dropped", "duplicated", "reordered", "replays", "replayed"):
-                totals[f"batches_{name}"] = totals.get(f"batches_{name}", 0) + getattr(link, name)
-        totals["index_pages"] = len(self.index)
-        return totals
+        return stream_totals(self.index, [(link.sent, link.dropped, link.duplicated, link.reordered, link.replays,
+                                           link.replayed) for link in self.links])
 
 
-__all__: List[str] = ["EventRouting"]
+STREAM_COUNTERS = ("applied", "duplicates", "gaps", "restarts", "clears", "lost", "malformed", "unknown_events")
+"""The index's counters of a stream that a router's ``router_stats`` sums over its instances."""
+TRANSPORT_COUNTERS = ("sent", "dropped", "duplicated", "reordered", "replays", "replayed")
+"""The transport's counters of a stream, each reported as ``batches_<name>``."""
+
+
+def stream_totals(index: KVIndex, transports: Sequence[Sequence[int]]) -> Dict[str, int]:
+    """``router_stats``: the index's :data:`STREAM_COUNTERS` of instances ``0..n-1`` and their transports'
+    :data:`TRANSPORT_COUNTERS` (one tuple an instance, in that order), summed, and ``index_pages``. O(n)."""
+    totals: Dict[str, int] = {}
+    for i, counts in enumerate(transports):
+        st = index.status(i)
+        for name in STREAM_COUNTERS:
+            totals[name] = totals.get(name, 0) + getattr(st, name)
+        for name, value in zip(TRANSPORT_COUNTERS, counts):
+            totals[f"batches_{name}"] = totals.get(f"batches_{name}", 0) + value
+    totals["index_pages"] = len(index)
+    return totals
+
+
+def hbm_divergence(index: KVIndex, residencies: Sequence[Sequence[Any]]) -> int:
+    """Pages where ``index``'s HBM view of instances ``0..n-1`` and their true HBM (``residencies``: each one's
+    event hashes) differ, both ways, summed. O(pages)."""
+    return sum(len(set(truth) ^ index.block_hashes(i, (MEDIUM_GPU, None))) for i, truth in enumerate(residencies))
+
+
+__all__: List[str] = ["EventRouting", "STREAM_COUNTERS", "TRANSPORT_COUNTERS", "hbm_divergence", "stream_totals"]

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def residency(cache: PrefixCache) -> set:
     log = cache.event_log
-    return set(log.hasher.event_hashes(list(log.index)))
+    return set(log.resident_hashes())
 
 
 class Publisher:

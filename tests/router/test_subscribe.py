@@ -20,7 +20,7 @@ def free_port() -> int:
 
 def hbm(cache):
     log = cache.event_log
-    return set(log.hasher.event_hashes(list(log.index)))
+    return set(log.resident_hashes())
 
 
 def serve(cache, publisher, prompts):
