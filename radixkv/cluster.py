@@ -834,19 +834,22 @@ class Cluster:
         if self.instances[0].cache.policy.offline:
             requests = list(requests)
             self._prepare(requests)
-        if warmup:
+        stats = [ReplayStats(self.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
+                             tier_costs=inst.cache.cost_model) for inst in self.instances]
+        warmed = 0
+        if warmup:  # through the same stats, zeroed after it: a page seen in the warm-up is no first sight
             requests = iter(requests)
-            warm = [ReplayStats(self.page_size, tier_costs=inst.cache.cost_model) for inst in self.instances]
             try:
-                warmed, _, _ = self._replay(itertools.islice(requests, warmup), warm, on_request, None, False)
-            finally:
-                for inst, st in zip(self.instances, warm):
+                warmed, _, _ = self._replay(itertools.islice(requests, warmup), stats, on_request, None, miss_reasons)
+            except BaseException:
+                for inst, st in zip(self.instances, stats):
                     st.detach(inst.cache)
+                raise
+            for st in stats:
+                st.reset_counts()
         pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
         host0 = self.pulled_host_pages
         before = self._counters()
-        stats = [ReplayStats(self.page_size, model=model, hardware=hardware, miss_reasons=miss_reasons,
-                             tier_costs=inst.cache.cost_model) for inst in self.instances]
         events = self.events
         counts0 = (events.false_hit_pages, events.missed_pages, events.seconds) if events is not None else (0, 0, 0.0)
         streams0 = events.stats() if events is not None else {}

@@ -196,6 +196,19 @@ def test_a_warm_up_counts_only_the_requests_after_it(kwargs):
         Cluster(2, 60, 16, **kwargs).replay(trace, warmup=-1)
 
 
+def test_a_warm_one_instance_cluster_classifies_misses_as_a_warm_replay():
+    """The warm-up runs through the counted stats (zeroed after it): a page first seen in the warm-up is
+    no first sight after it, as in ``replay(warmup=...)``."""
+    from radixkv import PrefixCache
+    from radixkv.analysis.replay import replay
+
+    trace = _warm_trace()
+    alone = replay(trace, PrefixCache(60, 16), miss_reasons=True, warmup=150)
+    cluster = Cluster(1, 60, 16).replay(trace, miss_reasons=True, warmup=150)
+    assert cluster.miss_tokens_by_reason == alone.miss_tokens_by_reason and cluster.hit_tokens == alone.hit_tokens
+    assert cluster.miss_tokens_by_reason["evicted"] > 0
+
+
 def test_each_replay_of_a_cluster_reports_its_own_counts():
     """Replayed twice, a cluster reports each replay's own counts (the lending, tier, link and store counters
     are kept since the cluster was made; a result is what its replay added)."""
