@@ -287,13 +287,9 @@ class Fleet:
         about ``store_blocks`` of the workers' pages (:func:`~radixkv.store.mooncake_backend.segment_for_pages`;
         without a bound, :data:`~radixkv.store.mooncake_backend.EMBEDDED_SEGMENT`), on free loopback ports."""
         if kind == "mooncake":
-            from ..store import HEADER_BYTES
-            from ..store.mooncake_backend import (DEFAULT_WATERMARK, EMBEDDED_SEGMENT, MooncakeMaster,
-                                                  MooncakeStartError, segment_for_pages)
+            from ..store.mooncake_backend import MooncakeMaster, MooncakeStartError, sizing
 
-            value = HEADER_BYTES + self.page_size * int(np.prod(KV_SHAPE)) * DTYPE.itemsize
-            segment, watermark = ((EMBEDDED_SEGMENT, DEFAULT_WATERMARK) if store_blocks is None
-                                  else segment_for_pages(store_blocks, value))
+            segment, watermark = sizing(store_blocks, self.page_size, KV_SHAPE, DTYPE)
             try:
                 return MooncakeMaster(segment, watermark=watermark)
             except MooncakeStartError as exc:

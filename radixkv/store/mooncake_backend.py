@@ -95,8 +95,11 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qs, urlsplit
 
+import numpy as np
+
 from ..errors import ArgumentValueError, MissingExtraError, RadixKVError
 from .backends import FAILED, Cooloff, Reply
+from .codec import HEADER_BYTES
 
 DEFAULT_METADATA_PORT = 8080
 """Mooncake's default HTTP metadata port (``-http_metadata_server_port``): ``metadata`` defaults to it."""
@@ -657,6 +660,17 @@ def segment_for_pages(pages: int, value_bytes: int) -> Tuple[int, float]:
                                  f"which holds about {least:,} pages of {value_bytes} bytes")
     segment = math.ceil(needed / SEGMENT_STEP) * SEGMENT_STEP
     return segment, round(DEFAULT_WATERMARK * needed / segment, 4)
+
+
+def sizing(pages: Optional[int], page_size: int, kv_shape: Optional[Sequence[int]], dtype: Any) -> Tuple[int, float]:
+    """(segment bytes, eviction watermark) of a Mooncake master started for a store of about ``pages`` pages
+    of ``page_size`` tokens of ``kv_shape`` values of ``dtype`` each (``kv_shape=None``: no payload), as
+    :func:`segment_for_pages` sizes it; ``pages=None``: :data:`EMBEDDED_SEGMENT` at the default watermark.
+    The one sizing ``open_store("mooncake")`` and a fleet's master share. O(1)."""
+    if pages is None:
+        return EMBEDDED_SEGMENT, DEFAULT_WATERMARK
+    payload = page_size * int(np.prod(kv_shape)) * np.dtype(dtype).itemsize if kv_shape else 0
+    return segment_for_pages(pages, HEADER_BYTES + payload)
 
 
 def embedded_backend(segment_bytes: int = EMBEDDED_SEGMENT, timeout: float = 0.25, *,

@@ -56,12 +56,9 @@ def open_store(url: str, page_size: int, *, kv_shape: Optional[Sequence[int]] = 
     fingerprint = Fingerprint(model=model, dtype=np.dtype(dtype).name, kv_shape=tuple(kv_shape or (1,)),
                               page_size=page_size, extra="" if kv_shape else "no payload")
     if url == "mooncake":
-        from ..store import HEADER_BYTES
-        from ..store.mooncake_backend import DEFAULT_WATERMARK, EMBEDDED_SEGMENT, embedded_backend, segment_for_pages
+        from ..store.mooncake_backend import embedded_backend, sizing
 
-        value = HEADER_BYTES + (page_size * int(np.prod(kv_shape)) * np.dtype(dtype).itemsize if kv_shape else 0)
-        segment, watermark = ((EMBEDDED_SEGMENT, DEFAULT_WATERMARK) if store_blocks is None
-                              else segment_for_pages(store_blocks, value))
+        segment, watermark = sizing(store_blocks, page_size, kv_shape, dtype)
         return PageStore(embedded_backend(segment, timeout=timeout, watermark=watermark), fingerprint)
     store = PageStore.open(url, fingerprint=fingerprint, timeout=timeout)
     if fresh:  # its own: its pages go with it
