@@ -847,31 +847,29 @@ class Cluster:
                 raise
             for st in stats:
                 st.reset_counts()
-        pulled0, index_seconds0 = self.pulled_pages, self.index_seconds
-        host0 = self.pulled_host_pages
         before = self._counters()
-        events = self.events
-        counts0 = (events.false_hit_pages, events.missed_pages, events.seconds) if events is not None else (0, 0, 0.0)
-        streams0 = events.stats() if events is not None else {}
         try:
             count, borrowed_seconds, seconds0 = self._replay(requests, stats, on_request, on_record, miss_reasons,
                                                              first_index=warmed if warmup else 0)
         finally:
             for inst, st in zip(self.instances, stats):
                 st.detach(inst.cache)
+        events = self.events
+        if events is not None:  # the batches still in flight arrive: the view is scored complete
+            events.finish()
         now = self._counters()
+        own = counts_since(now["own"], before["own"])
         router: Dict[str, object] = {}
         if events is not None:
-            events.finish()
+            scores = counts_since(now["router"], before["router"])
             router = dict(event_faults=events.links[0].faults.spec, event_lag=events.lag,
-                          router_false_hit_pages=events.false_hit_pages - counts0[0],
-                          router_missed_pages=events.missed_pages - counts0[1],
+                          router_false_hit_pages=scores["false_hit_pages"], router_missed_pages=scores["missed_pages"],
                           router_divergent_pages=events.divergent_pages(),
-                          router_us_per_request=(events.seconds - counts0[2]) / count * 1e6 if count else 0.0,
-                          router_stats=stream_counts(events.stats(), streams0))
+                          router_us_per_request=scores["seconds"] / count * 1e6 if count else 0.0,
+                          router_stats=stream_counts(now["streams"], before["streams"]))
         by_tier = counts_since(now["by_tier"], before["by_tier"])
         links: Dict[str, int] = {}
-        pulled = self.pulled_pages - pulled0
+        pulled = own["pulled"]
         if self.index is not None:
             by_tier["peer"] = by_tier.get("peer", 0) + pulled * self.page_size
             links = counts_since(now["links"], before["links"])
@@ -893,8 +891,8 @@ class Cluster:
             store=self.store_url, store_hit_tokens=by_tier.get("store", 0),
             store_stats=counts_since(now["store"], before["store"]), warmup_requests=warmed if warmup else 0,
             peer_hit_tokens=pulled * self.page_size, pages_pulled=pulled, peer_transfer_seconds=self._peer_seconds,
-            peer_host_hit_tokens=(self.pulled_host_pages - host0) * self.page_size,
-            index_us_per_request=(self.index_seconds - index_seconds0) / count * 1e6 if count else 0.0,
+            peer_host_hit_tokens=own["pulled_host"] * self.page_size,
+            index_us_per_request=own["index_seconds"] / count * 1e6 if count else 0.0,
             index_pages=len(self.index) if self.index is not None else 0,
             index_host_pages=self.index.lower_pages if self.index is not None else 0, **router)
 
@@ -943,8 +941,13 @@ class Cluster:
     def _counters(self) -> Dict[str, Any]:
         """The counters kept since the cluster was made that a result reports per replay (a snapshot:
         :meth:`replay` subtracts the one taken before its counted requests). O(instances)."""
-        m = self.manager
+        m, e = self.manager, self.events
         return {"by_tier": sum_counts(inst.cache.hit_tokens_by_tier for inst in self.instances),
+                "own": {"pulled": self.pulled_pages, "pulled_host": self.pulled_host_pages,
+                        "index_seconds": self.index_seconds},
+                "router": {} if e is None else {"false_hit_pages": e.false_hit_pages, "missed_pages": e.missed_pages,
+                                                "seconds": e.seconds},
+                "streams": {} if e is None else e.stats(),
                 "requests": [inst.requests for inst in self.instances],
                 "links": sum_counts(inst.cache.transfers.bytes_by_link for inst in self.instances),
                 "store": self._store_stats(),
