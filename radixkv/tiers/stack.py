@@ -101,6 +101,14 @@ def _resident(node: Node) -> bool:
     return node.gen >= 0 and isinstance(node.ext, Copy)
 
 
+
+def _good_prefix(data: Optional[np.ndarray], ok: np.ndarray, sums: Optional[np.ndarray]) -> int:
+    """How many pages from the start of a copy just read are good: read (``ok``) and, when the copy has
+    checksums and a payload was read, matching them (``ok`` is narrowed in place to that). O(pages)."""
+    if data is not None and sums is not None and ok.any():
+        ok &= checksums(data) == sums
+    return len(ok) if ok.all() else int(np.argmin(ok))
+
 class TierStack:
     """Lower tiers in order (fastest first) over one spill tree.
 
@@ -499,9 +507,7 @@ class TierStack:
                 copy: Copy = use.ext
                 tier = copy.tier
                 data, ok = self._read(tier, copy.slots)
-                if data is not None and copy.sums is not None and ok.any():
-                    ok &= checksums(data) == copy.sums
-                good = len(ok) if ok.all() else int(np.argmin(ok))
+                good = _good_prefix(data, ok, copy.sums)
                 if good < len(ok):
                     gone = self._lost(tier, copy.slots)
                     self.lost_pages += int(np.count_nonzero(~ok & gone))
@@ -558,9 +564,7 @@ class TierStack:
                 node = self._split(node, want)
             copy: Copy = node.ext
             data, ok = self._read(copy.tier, copy.slots)
-            if data is not None and copy.sums is not None and ok.any():
-                ok &= checksums(data) == copy.sums
-            good = len(ok) if ok.all() else int(np.argmin(ok))
+            good = _good_prefix(data, ok, copy.sums)
             if good:
                 if data is not None:
                     parts.append(data[:good])
@@ -793,9 +797,7 @@ class TierStack:
             return
         data, ok = self._read(tier, copy.slots) if self.has_payload else (None, ~self._lost(tier, copy.slots))
         self._give(tier, copy.slots)
-        if data is not None and copy.sums is not None:
-            ok &= checksums(data) == copy.sums
-        good = len(ok) if ok.all() else int(np.argmin(ok))
+        good = _good_prefix(data, ok, copy.sums)
         if good < len(ok):
             self.integrity_misses += len(ok) - good
             upper = self._split(node, good) if good else None
