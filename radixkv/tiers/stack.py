@@ -101,13 +101,13 @@ def _resident(node: Node) -> bool:
     return node.gen >= 0 and isinstance(node.ext, Copy)
 
 
-
 def _good_prefix(data: Optional[np.ndarray], ok: np.ndarray, sums: Optional[np.ndarray]) -> int:
     """How many pages from the start of a copy just read are good: read (``ok``) and, when the copy has
     checksums and a payload was read, matching them (``ok`` is narrowed in place to that). O(pages)."""
     if data is not None and sums is not None and ok.any():
         ok &= checksums(data) == sums
     return len(ok) if ok.all() else int(np.argmin(ok))
+
 
 class TierStack:
     """Lower tiers in order (fastest first) over one spill tree.
