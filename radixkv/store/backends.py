@@ -274,6 +274,18 @@ def bounded(url: str, pages: Optional[int]) -> str:
     return url + ("&" if query else "?") + f"capacity={pages}"
 
 
+def url_capacity(url: str) -> Optional[int]:
+    """The page bound ``url``'s ``?capacity=`` names (``None``: none). Raises
+    :class:`~radixkv.errors.ArgumentValueError` unless it is one positive ASCII number (unicode digits
+    such as "²" pass ``isdigit`` and fail ``int``). O(len(url))."""
+    found = [v for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if k == "capacity"]
+    if not found:
+        return None
+    if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
+        raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {redact(url)!r}")
+    return int(found[0])
+
+
 def redact(url: str) -> str:
     """``url`` with any password replaced by ``***`` (for stats and messages)."""
     parts = urlsplit(url)
@@ -293,13 +305,7 @@ def _memory_from_url(url: str) -> MemoryBackend:
     unknown = sorted(set(query) - {"capacity"})
     if unknown or parts.fragment:
         raise ArgumentValueError(f"memory store URL takes only ?capacity=PAGES, got {url!r}")
-    capacity = None
-    if "capacity" in query:
-        found = query["capacity"]  # one ASCII number, as a Redis URL's (unicode digits such as "²" fail int())
-        if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
-            raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {url!r}")
-        capacity = int(found[0])
-    return memory_backend(name, capacity)
+    return memory_backend(name, url_capacity(url))
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")

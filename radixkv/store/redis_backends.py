@@ -51,11 +51,11 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
-from urllib.parse import parse_qsl, unquote_plus, urlsplit
+from urllib.parse import unquote_plus
 
 from ..errors import ArgumentValueError
 from . import redis_lru
-from .backends import FAILED, Cooloff, Reply, redact
+from .backends import FAILED, Cooloff, Reply, redact, url_capacity
 from .redisio import client_from_url, load_redis, transport_errors
 
 LEADING_SCRIPT = """#!lua flags=no-writes
@@ -79,19 +79,15 @@ def split_capacity(url: str) -> Tuple[str, Optional[int]]:
     Raises :class:`~radixkv.errors.ArgumentValueError` for a capacity that is
     not a positive integer, or given twice.
     """
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    found = [v for k, v in query if k == "capacity"]
-    if not found:
+    capacity = url_capacity(url)
+    if capacity is None:
         return url, None
-    if len(found) > 1 or not (found[0].isascii() and found[0].isdigit()) or int(found[0]) < 1:
-        raise ArgumentValueError(f"capacity must be one positive number of pages, got {found} in {redact(url)!r}")
     # Cut the parameter out of the text rather than rebuild the URL: urlunsplit turns unix:///PATH into
     # unix:/PATH, which redis-py refuses, and re-encoding would rewrite the other parameters.
     base, _, tail = url.partition("?")
     rest, hashed, fragment = tail.partition("#")
     kept = "&".join(p for p in rest.split("&") if unquote_plus(p.partition("=")[0]) != "capacity")
-    return base + ("?" + kept if kept else "") + hashed + fragment, int(found[0])
+    return base + ("?" + kept if kept else "") + hashed + fragment, capacity
 
 
 class _Server:
